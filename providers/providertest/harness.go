@@ -1,0 +1,84 @@
+// Package providertest is the contract every payment provider must keep,
+// run against the provider's gateway emulator through the real client.
+//
+// Each provider package has a test that builds a Harness around its emulator
+// and calls Run(t, h).
+package providertest
+
+import (
+	"net/http"
+	"testing"
+
+	"kami/providers"
+)
+
+// Fault is a failure the emulator injects into its next answers.
+type Fault string
+
+const (
+	FaultNone     Fault = ""
+	FaultTimeout  Fault = "timeout"  // hold the request past the client's timeout
+	Fault5xx      Fault = "5xx"      // answer HTTP 500/503
+	FaultBusiness Fault = "business" // answer a signed business error
+	FaultSlow     Fault = "slow"     // answer correctly, but late (within the timeout)
+	// FaultTimeoutAfterEffect does the work (a refund is made) and then
+	// holds the answer past the client's timeout, as a real gateway that
+	// refunded but whose answer was lost.
+	FaultTimeoutAfterEffect Fault = "timeout-after-effect"
+)
+
+// Op names an emulator endpoint for fault injection.
+type Op string
+
+const (
+	OpCreate       Op = "create"
+	OpRefund       Op = "refund"
+	OpQueryRefund  Op = "query_refund"
+	OpQueryPayment Op = "query_payment"
+	OpClose        Op = "close"
+)
+
+// Harness is one provider wired to its emulator.
+type Harness struct {
+	// Provider under test, configured to talk to the emulator, with a client
+	// timeout short enough for FaultTimeout tests (about a second).
+	Provider providers.Provider
+
+	// Pay makes the emulator record a payment of amountFen for orderNo (a
+	// payment created before with CreatePayment, or not: the emulator
+	// accepts either) and returns the notification the gateway would send
+	// for it, signed as the real gateway signs.
+	Pay func(t testing.TB, orderNo string, amountFen int64) (header http.Header, body []byte)
+
+	// RefundNotification returns the signed notification the gateway sends
+	// when the refund refundNo finished, or nil if the gateway sends none
+	// for refunds (Alipay's trade notification covers it).
+	RefundNotification func(t testing.TB, refundNo string) (header http.Header, body []byte)
+
+	// Forge returns a notification for orderNo that fails verification:
+	// signed with a key that is not the gateway's.
+	Forge func(t testing.TB, orderNo string, amountFen int64) (header http.Header, body []byte)
+
+	// OtherMerchant returns a correctly signed notification that names
+	// another app or merchant id than the one configured.
+	OtherMerchant func(t testing.TB, orderNo string, amountFen int64) (header http.Header, body []byte)
+
+	// InjectFault makes the next n calls of op fail with f (n <= 0: until
+	// cleared with FaultNone).
+	InjectFault func(op Op, f Fault, n int)
+
+	// Refunded is the total the emulator has refunded under refundNo, and
+	// how many refund calls it received with that number.
+	Refunded func(refundNo string) (fen int64, calls int)
+
+	// SupportsClose and SupportsQueryPayment are false for providers whose
+	// gateway has no such call (ClosePayment then is a no-op).
+	SupportsClose        bool
+	SupportsQueryPayment bool
+}
+
+// Run checks every promise of providers.Provider against h.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	run(t, h)
+}
