@@ -1,0 +1,54 @@
+package domain
+
+import (
+	"context"
+	"time"
+
+	"github.com/uptrace/bun"
+)
+
+// column is one extra column a transition writes besides status.
+type column struct {
+	expr string // "paid_at = ?"
+	args []any
+}
+
+func col(expr string, args ...any) column { return column{expr, args} }
+
+// apply is the only code that writes a status: it runs transition t as
+//
+//	UPDATE <t.Table> SET status = <t.To>, updated_at = now, <cols>
+//	WHERE <key> AND status IN (<t.From>)
+//
+// and returns the rows affected. Zero means someone else moved the row
+// first: the caller skips, it never forces.
+func apply(ctx context.Context, db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols ...column) (int64, error) {
+	q := db.NewUpdate().Table(t.Table).
+		Set("status = ?", t.To).
+		Set("updated_at = ?", now)
+	for _, c := range cols {
+		q = q.Set(c.expr, c.args...)
+	}
+	q = key(q).Where("status IN (?)", bun.In(t.From))
+	res, err := q.Exec(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func whereOrderNo(no string) func(*bun.UpdateQuery) *bun.UpdateQuery {
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("order_no = ?", no) }
+}
+
+func whereOrderNos(nos []string) func(*bun.UpdateQuery) *bun.UpdateQuery {
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("order_no IN (?)", bun.In(nos)) }
+}
+
+func whereIDs(ids []int64) func(*bun.UpdateQuery) *bun.UpdateQuery {
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("id IN (?)", bun.In(ids)) }
+}
+
+func whereRefundNo(no string) func(*bun.UpdateQuery) *bun.UpdateQuery {
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("refund_no = ?", no) }
+}

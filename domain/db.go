@@ -1,0 +1,260 @@
+package domain
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun/dialect/mysqldialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/dialect/sqlitedialect"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// DBOptions tune the connection pool of a server database.
+type DBOptions struct {
+	MaxOpenConns int // default 20; SQLite always uses one writer connection
+}
+
+// OpenDB opens the database named by rawURL: "" means an SQLite file in
+// dataDir; "sqlite:PATH" (or "file:PATH") an SQLite file;
+// "postgres://..." / "postgresql://..." PostgreSQL; "mysql://user:pass@host:port/db"
+// MySQL or MariaDB. It pings the database before returning.
+func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.DB, error) {
+	if opts.MaxOpenConns <= 0 {
+		opts.MaxOpenConns = 20
+	}
+	var (
+		sqldb *sql.DB
+		db    *bun.DB
+		err   error
+	)
+	switch {
+	case rawURL == "" || strings.HasPrefix(rawURL, "sqlite:") || strings.HasPrefix(rawURL, "file:"):
+		path := filepath.Join(dataDir, "kami.db")
+		if rawURL != "" {
+			path = strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(rawURL, "sqlite:"), "file:"), "//")
+			if i := strings.IndexByte(path, '?'); i >= 0 {
+				path = path[:i]
+			}
+		}
+		if path == "" {
+			return nil, fmt.Errorf("KAMI_DATABASE_URL: %q names no SQLite file", rawURL)
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("KAMI_DATABASE_URL: cannot create the folder of %s: %w", path, err)
+		}
+		// WAL lets readers run beside the writer; busy_timeout waits for
+		// the lock instead of failing; _txlock=immediate takes the write lock
+		// at BEGIN so two transactions never deadlock upgrading a read lock.
+		dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)" +
+			"&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+		sqldb, err = sql.Open("sqlite", dsn)
+		if err != nil {
+			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
+		}
+		// SQLite has one writer; one connection makes that explicit and
+		// keeps every transaction serial.
+		sqldb.SetMaxOpenConns(1)
+		db = bun.NewDB(sqldb, sqlitedialect.New())
+	case strings.HasPrefix(rawURL, "postgres://") || strings.HasPrefix(rawURL, "postgresql://"):
+		if _, err := url.Parse(rawURL); err != nil {
+			return nil, fmt.Errorf("KAMI_DATABASE_URL: not a PostgreSQL URL: %v", redactURLError(err))
+		}
+		sqldb, err = sql.Open("pgx", rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
+		}
+		sqldb.SetMaxOpenConns(opts.MaxOpenConns)
+		sqldb.SetMaxIdleConns(opts.MaxOpenConns)
+		db = bun.NewDB(sqldb, pgdialect.New())
+	case strings.HasPrefix(rawURL, "mysql://"):
+		dsn, err := mysqlDSN(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		sqldb, err = sql.Open("mysql", dsn)
+		if err != nil {
+			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
+		}
+		sqldb.SetMaxOpenConns(opts.MaxOpenConns)
+		sqldb.SetMaxIdleConns(opts.MaxOpenConns)
+		sqldb.SetConnMaxLifetime(time.Hour)
+		db = bun.NewDB(sqldb, mysqldialect.New())
+	default:
+		return nil, fmt.Errorf("KAMI_DATABASE_URL: unknown scheme in %q (use sqlite:PATH, postgres://… or mysql://…)", schemeOf(rawURL))
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("KAMI_DATABASE_URL: cannot reach the %s database: %w", db.Dialect().Name(), err)
+	}
+	return db, nil
+}
+
+// mysqlDSN turns mysql://user:pass@host:port/db?x=y into go-sql-driver's
+// form, with the settings kami relies on: times parsed as UTC and stored as
+// UTC, strict mode, utf8mb4.
+func mysqlDSN(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("KAMI_DATABASE_URL: not a MySQL URL: %v", redactURLError(err))
+	}
+	dbName := strings.TrimPrefix(u.Path, "/")
+	if u.Host == "" || dbName == "" {
+		return "", errors.New("KAMI_DATABASE_URL: a MySQL URL needs a host and a database: mysql://user:pass@host:3306/kami")
+	}
+	cfg := mysql.NewConfig()
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.Net = "tcp"
+	cfg.Addr = u.Host
+	if !strings.Contains(u.Host, ":") {
+		cfg.Addr += ":3306"
+	}
+	cfg.DBName = dbName
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.Params = map[string]string{
+		"time_zone": "'+00:00'",
+		"sql_mode":  "'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'",
+	}
+	for k, vs := range u.Query() {
+		if len(vs) > 0 {
+			cfg.Params[k] = vs[0]
+		}
+	}
+	return cfg.FormatDSN(), nil
+}
+
+func schemeOf(raw string) string {
+	if i := strings.Index(raw, "://"); i >= 0 {
+		return raw[:i]
+	}
+	if i := strings.IndexByte(raw, ':'); i >= 0 {
+		return raw[:i]
+	}
+	return raw
+}
+
+// redactURLError keeps a password out of a url.Parse error.
+func redactURLError(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return "malformed"
+}
+
+// dialectName is "sqlite", "pg" or "mysql".
+func dialectName(db bun.IDB) dialect.Name { return db.Dialect().Name() }
+
+// forUpdate locks the selected rows where the database can; SQLite needs no
+// row lock because its one writer runs transactions one at a time.
+func forUpdate(q *bun.SelectQuery) *bun.SelectQuery {
+	if dialectName(q.DB()) == dialect.SQLite {
+		return q
+	}
+	return q.For("UPDATE")
+}
+
+// forUpdateSkipLocked locks rows nobody else holds, skipping the held ones,
+// so concurrent buyers take different cards instead of queueing on one.
+// PostgreSQL, MySQL 8 and MariaDB 10.6+ have SKIP LOCKED.
+func forUpdateSkipLocked(q *bun.SelectQuery) *bun.SelectQuery {
+	if dialectName(q.DB()) == dialect.SQLite {
+		return q
+	}
+	return q.For("UPDATE SKIP LOCKED")
+}
+
+// isUniqueViolation reports a unique or primary key violation.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "23505"
+	}
+	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) {
+		return myErr.Number == 1062
+	}
+	var sqErr *sqlite.Error
+	if errors.As(err, &sqErr) {
+		c := sqErr.Code()
+		return c == sqlite3.SQLITE_CONSTRAINT_UNIQUE || c == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+	}
+	return false
+}
+
+// isRetryable reports errors after which the whole transaction may simply
+// run again: deadlocks, serialization failures, lock timeouts, a busy SQLite.
+func isRetryable(err error) bool {
+	if errors.Is(err, errRetry) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "40001" || pgErr.Code == "40P01" || pgErr.Code == "55P03"
+	}
+	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) {
+		return myErr.Number == 1213 || myErr.Number == 1205
+	}
+	var sqErr *sqlite.Error
+	if errors.As(err, &sqErr) {
+		c := sqErr.Code() & 0xff
+		return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
+	}
+	return false
+}
+
+// errRetry is returned inside a transaction that saw the world change
+// under it in a way its locks should have prevented; the transaction runs
+// again from the start.
+var errRetry = errors.New("transaction raced; retrying")
+
+// txOptions are the isolation every ledger transaction uses. READ COMMITTED
+// on the servers: every state change is a conditional update that re-checks
+// its row under the row lock, and MySQL's default REPEATABLE READ would add
+// gap locks that only cause deadlocks here.
+func txOptions(db bun.IDB) *sql.TxOptions {
+	if dialectName(db) == dialect.SQLite {
+		return nil
+	}
+	return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+}
+
+// maxTxAttempts bounds how often a transaction is retried after a deadlock.
+const maxTxAttempts = 8
+
+// inTx runs fn in a transaction, again after a retryable failure. fn must
+// have no effect outside the transaction.
+func inTx(ctx context.Context, db *bun.DB, fn func(ctx context.Context, tx bun.Tx) error) error {
+	var err error
+	for attempt := 0; attempt < maxTxAttempts; attempt++ {
+		err = db.RunInTx(ctx, txOptions(db), fn)
+		if err == nil || !isRetryable(err) || ctx.Err() != nil {
+			return err
+		}
+		// A short, growing pause lets the transaction that won go first.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 2 * time.Millisecond):
+		}
+	}
+	return err
+}

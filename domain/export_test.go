@@ -1,0 +1,18 @@
+package domain
+
+import (
+	"context"
+	"time"
+
+	"github.com/uptrace/bun"
+)
+
+// ApplyForTest applies t to the row whose key is key (order_no, refund_no,
+// or for cards the order_no they carry), for the transition table test.
+func ApplyForTest(ctx context.Context, db bun.IDB, t Transition, key string) (int64, error) {
+	where := whereOrderNo(truncate(key, 32))
+	if t.Table == tableRefunds {
+		where = whereRefundNo(key)
+	}
+	return apply(ctx, db, t, time.Now().UTC(), where)
+}

@@ -1,0 +1,448 @@
+package domain
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/uptrace/bun"
+)
+
+// notFound turns sql.ErrNoRows into NOT_FOUND and passes other errors on.
+func notFound(err error, format string, args ...any) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return Errorf(ENOTFOUND, format, args...)
+	}
+	return err
+}
+
+// PlaceOrderInput is a buyer's order.
+type PlaceOrderInput struct {
+	ProductID      int64
+	Quantity       int
+	Contact        string // how the buyer is reached (email, phone, QQ); also the anti-hoarding key
+	Provider       string // payment provider name, checked by the caller against the registry
+	IdempotencyKey string // optional; the same key returns the same order
+	ClientAddr     string // the buyer's address, for the per-address cap
+}
+
+// Limits on order input.
+const (
+	MaxContactLen        = 128
+	MaxIdempotencyKeyLen = 64
+)
+
+func (in *PlaceOrderInput) normalize() error {
+	in.Contact = strings.TrimSpace(in.Contact)
+	in.IdempotencyKey = strings.TrimSpace(in.IdempotencyKey)
+	switch {
+	case in.ProductID <= 0:
+		return Errorf(EBADINPUT, "productId must be a product's id")
+	case in.Quantity <= 0:
+		return Errorf(EBADINPUT, "quantity must be at least 1")
+	case in.Contact == "" || utf8.RuneCountInString(in.Contact) > MaxContactLen || !utf8.ValidString(in.Contact):
+		return Errorf(EBADINPUT, "contact must be 1 to %d characters", MaxContactLen)
+	case in.Provider == "" || len(in.Provider) > 16:
+		return Errorf(EBADINPUT, "provider is required")
+	case len(in.IdempotencyKey) > MaxIdempotencyKeyLen:
+		return Errorf(EBADINPUT, "idempotencyKey is longer than %d characters", MaxIdempotencyKeyLen)
+	}
+	if len(in.ClientAddr) > 64 {
+		in.ClientAddr = in.ClientAddr[:64]
+	}
+	return nil
+}
+
+// PlacedOrder is what a buyer gets back from PlaceOrder.
+type PlacedOrder struct {
+	Order       *Order
+	AccessToken string
+	// Replayed is true when the idempotency key matched an existing order:
+	// nothing new was locked.
+	Replayed bool
+}
+
+// PlaceOrder creates a PENDING order holding Quantity lockable cards until
+// ExpiresAt, in one transaction with its stock journal entry.
+// BAD_INPUT, NOT_FOUND (no such product on sale), SOLD_OUT, LIMIT_EXCEEDED,
+// CONFLICT (an idempotency key reused for a different order).
+func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, error) {
+	if err := in.normalize(); err != nil {
+		return nil, err
+	}
+	if in.IdempotencyKey != "" {
+		if placed, err := l.replay(ctx, in); placed != nil || err != nil {
+			return placed, err
+		}
+	}
+	var order *Order
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		var err error
+		order, err = l.placeOrder(ctx, tx, in)
+		return err
+	})
+	if err != nil {
+		if in.IdempotencyKey != "" && isUniqueViolation(err) {
+			// Another request with the same key won the race; its order is
+			// this request's answer.
+			if placed, rerr := l.replay(ctx, in); placed != nil || rerr != nil {
+				return placed, rerr
+			}
+		}
+		return nil, err
+	}
+	return &PlacedOrder{Order: order, AccessToken: l.sealer.AccessToken(order.OrderNo)}, nil
+}
+
+// replay returns the order already placed with in's idempotency key, or nil.
+func (l *Ledger) replay(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, error) {
+	var o Order
+	err := l.db.NewSelect().Model(&o).Where("idempotency_key = ?", in.IdempotencyKey).Scan(ctx)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.ProductID != in.ProductID || o.Quantity != in.Quantity || o.Contact != in.Contact || o.Provider != in.Provider {
+		return nil, Errorf(ECONFLICT, "idempotencyKey was already used for a different order")
+	}
+	return &PlacedOrder{Order: &o, AccessToken: l.sealer.AccessToken(o.OrderNo), Replayed: true}, nil
+}
+
+func (l *Ledger) placeOrder(ctx context.Context, tx bun.Tx, in PlaceOrderInput) (*Order, error) {
+	var p Product
+	if err := tx.NewSelect().Model(&p).Where("id = ?", in.ProductID).Scan(ctx); err != nil {
+		return nil, notFound(err, "product %d not found", in.ProductID)
+	}
+	if !p.Active {
+		return nil, Errorf(ENOTFOUND, "product %d is not on sale", in.ProductID)
+	}
+	maxQty := l.cfg.MaxQuantity
+	if p.MaxPerOrder > 0 {
+		maxQty = p.MaxPerOrder
+	}
+	if in.Quantity > maxQty {
+		return nil, Errorf(EBADINPUT, "quantity must be at most %d", maxQty)
+	}
+	if err := l.checkPendingCaps(ctx, tx, in); err != nil {
+		return nil, err
+	}
+	now := l.now()
+	o := &Order{
+		OrderNo: newOrderNo(now), ProductID: p.ID, Quantity: in.Quantity,
+		UnitPriceFen: p.PriceFen, AmountFen: p.PriceFen * int64(in.Quantity),
+		Contact: in.Contact, ClientAddr: in.ClientAddr, Provider: in.Provider,
+		Status: OrderPending, IdempotencyKey: in.IdempotencyKey,
+		ExpiresAt: now.Add(l.cfg.OrderTTL), CreatedAt: now, UpdatedAt: now,
+	}
+	o.AccessTokenHash = HashToken(l.sealer.AccessToken(o.OrderNo))
+	if _, err := tx.NewInsert().Model(o).Exec(ctx); err != nil {
+		if isUniqueViolation(err) && in.IdempotencyKey == "" {
+			return nil, errRetry // an order number drawn twice in one second: draw again
+		}
+		return nil, err
+	}
+	var ids []int64
+	if err := forUpdateSkipLocked(tx.NewSelect().Table("card_stock").Column("id").
+		Where("product_id = ?", p.ID).Where("status IN (?)", bun.In(CardLock.From)).
+		Order("id").Limit(int64(in.Quantity))).Scan(ctx, &ids); err != nil {
+		return nil, err
+	}
+	if len(ids) < in.Quantity {
+		return nil, Errorf(ESOLDOUT, "product %d has fewer than %d cards left", p.ID, in.Quantity)
+	}
+	n, err := apply(ctx, tx, CardLock, now, whereIDs(ids), col("order_no = ?", o.OrderNo), col("locked_at = ?", now))
+	if err != nil {
+		return nil, err
+	}
+	if n != int64(len(ids)) {
+		return nil, errRetry // the rows were locked by us; only SQLite's missing row locks get here
+	}
+	if err := writeFlow(ctx, tx, now, StockFlow{ProductID: p.ID, OrderNo: o.OrderNo, ChangeType: FlowLock, Quantity: in.Quantity}); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// checkPendingCaps refuses a buyer who already holds too many unpaid
+// orders. The caps are a brake on hoarding, not a ledger rule: two orders
+// racing past the last free slot may both pass.
+func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, in PlaceOrderInput) error {
+	check := func(column, value string, max int, what string) error {
+		if max <= 0 || value == "" {
+			return nil
+		}
+		n, err := tx.NewSelect().Table("orders").Where("? = ?", bun.Ident(column), value).
+			Where("status = ?", OrderPending).Count(ctx)
+		if err != nil {
+			return err
+		}
+		if int64(n) >= int64(max) {
+			return Errorf(ELIMIT, "this %s already has %d unpaid orders; pay or cancel one first", what, n)
+		}
+		return nil
+	}
+	if err := check("contact", in.Contact, l.cfg.MaxPendingPerContact, "contact"); err != nil {
+		return err
+	}
+	return check("client_addr", in.ClientAddr, l.cfg.MaxPendingPerAddress, "address")
+}
+
+// Order returns one order. NOT_FOUND.
+func (l *Ledger) Order(ctx context.Context, orderNo string) (*Order, error) {
+	var o Order
+	if err := l.db.NewSelect().Model(&o).Where("order_no = ?", orderNo).Scan(ctx); err != nil {
+		return nil, notFound(err, "order %s not found", orderNo)
+	}
+	return &o, nil
+}
+
+// BuyerOrder returns the order if token is its access token. A wrong token
+// gets the same NOT_FOUND as a missing order, so order numbers cannot be
+// probed.
+func (l *Ledger) BuyerOrder(ctx context.Context, orderNo, token string) (*Order, error) {
+	o, err := l.Order(ctx, orderNo)
+	if err != nil {
+		if ErrorCode(err) == ENOTFOUND {
+			HashToken(token) // same work as a real check
+		}
+		return nil, err
+	}
+	if !TokenMatches(token, o.AccessTokenHash) {
+		return nil, Errorf(ENOTFOUND, "order %s not found", orderNo)
+	}
+	return o, nil
+}
+
+// DeliveredCodes returns the card codes sold to a delivered order, opened.
+// Callers must have checked that the caller is the order's buyer or an
+// admin. CONFLICT if the order was not delivered.
+func (l *Ledger) DeliveredCodes(ctx context.Context, o *Order) ([]string, error) {
+	if o.DeliveredAt.IsZero() {
+		return nil, Errorf(ECONFLICT, "order %s has not been paid", o.OrderNo)
+	}
+	var cards []Card
+	if err := l.db.NewSelect().Model(&cards).Where("order_no = ?", o.OrderNo).
+		Where("status = ?", CardSold).Order("id").Scan(ctx); err != nil {
+		return nil, err
+	}
+	codes := make([]string, 0, len(cards))
+	for _, c := range cards {
+		code, err := l.sealer.Open(c.ProductID, c.CodeEnc)
+		if err != nil {
+			return nil, fmt.Errorf("card %d: %w", c.ID, err)
+		}
+		codes = append(codes, code)
+	}
+	return codes, nil
+}
+
+// --- close ----------------------------------------------------------------
+
+// CloseReason says who closes an order.
+type CloseReason string
+
+const (
+	CloseTimeout CloseReason = "timeout" // its time ran out; only after expires_at
+	CloseCancel  CloseReason = "cancel"  // its buyer gave up; any time while PENDING
+)
+
+// CloseOutcome is what closing did to one order.
+type CloseOutcome string
+
+const (
+	Closed       CloseOutcome = "CLOSED"    // PENDING → CLOSED now, cards recycled
+	CloseSkipped CloseOutcome = "SKIPPED"   // not PENDING any more (paid, closed by someone else)
+	CloseNotDue  CloseOutcome = "NOT_DUE"   // PENDING but expires_at is still ahead
+	CloseMissing CloseOutcome = "NOT_FOUND" // no such order
+)
+
+// CloseResult reports one order of a CloseOrders call.
+type CloseResult struct {
+	OrderNo   string
+	Outcome   CloseOutcome
+	Status    OrderStatus // the order's status after the call
+	ProductID int64
+	// Released is how many cards went back on sale; the caller gives that
+	// many back to the stock gate.
+	Released  int
+	ExpiresAt time.Time
+	// Inconsistent is set when the order did not hold Quantity locked
+	// cards; it was closed all the same and an alert was raised.
+	Inconsistent bool
+}
+
+// CloseOrders is the one close path: every order that becomes CLOSED,
+// whether by the close worker, a buyer's cancel or the nightly
+// reconciliation, goes through here. One transaction for the whole batch:
+// PENDING → CLOSED (for CloseTimeout only once expires_at has passed), its
+// LOCKED cards → RECYCLED, one stock journal entry (type 3) per order.
+// Orders already moved on are skipped, so running a batch twice is harmless.
+func (l *Ledger) CloseOrders(ctx context.Context, orderNos []string, reason CloseReason) ([]CloseResult, error) {
+	nos := uniqueSorted(orderNos)
+	if len(nos) == 0 {
+		return nil, nil
+	}
+	var results []CloseResult
+	var alerts []Alert
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		var err error
+		results, alerts, err = l.closeOrders(ctx, tx, nos, reason)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range alerts {
+		l.alerts.Alert(ctx, a)
+	}
+	return results, nil
+}
+
+func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason) ([]CloseResult, []Alert, error) {
+	now := l.now()
+	var orders []Order
+	// Row locks, taken in order_no order, hold off a payment for these
+	// orders until the batch commits; the payment then finds them CLOSED.
+	if err := forUpdate(tx.NewSelect().Model(&orders).
+		Column("order_no", "product_id", "quantity", "status", "expires_at").
+		Where("order_no IN (?)", bun.In(nos)).Order("order_no")).Scan(ctx); err != nil {
+		return nil, nil, err
+	}
+	byNo := make(map[string]*Order, len(orders))
+	for i := range orders {
+		byNo[orders[i].OrderNo] = &orders[i]
+	}
+	results := make([]CloseResult, 0, len(nos))
+	var closing []string
+	for _, no := range nos {
+		o, ok := byNo[no]
+		switch {
+		case !ok:
+			results = append(results, CloseResult{OrderNo: no, Outcome: CloseMissing})
+		case o.Status != OrderPending:
+			results = append(results, CloseResult{OrderNo: no, Outcome: CloseSkipped, Status: o.Status, ProductID: o.ProductID, ExpiresAt: o.ExpiresAt})
+		case reason == CloseTimeout && o.ExpiresAt.After(now):
+			results = append(results, CloseResult{OrderNo: no, Outcome: CloseNotDue, Status: o.Status, ProductID: o.ProductID, ExpiresAt: o.ExpiresAt})
+		default:
+			closing = append(closing, no)
+		}
+	}
+	if len(closing) == 0 {
+		return results, nil, nil
+	}
+	n, err := apply(ctx, tx, OrderClose, now, whereOrderNos(closing), col("closed_at = ?", now))
+	if err != nil {
+		return nil, nil, err
+	}
+	if n != int64(len(closing)) {
+		return nil, nil, errRetry
+	}
+	var locked []struct {
+		OrderNo string `bun:"order_no"`
+		N       int    `bun:"n"`
+	}
+	if err := tx.NewSelect().Table("card_stock").Column("order_no").ColumnExpr("COUNT(*) AS n").
+		Where("order_no IN (?)", bun.In(closing)).Where("status = ?", CardLocked).
+		Group("order_no").Scan(ctx, &locked); err != nil {
+		return nil, nil, err
+	}
+	lockedBy := make(map[string]int, len(locked))
+	total := 0
+	for _, r := range locked {
+		lockedBy[r.OrderNo] = r.N
+		total += r.N
+	}
+	recycled, err := apply(ctx, tx, CardRecycle, now, whereOrderNos(closing))
+	if err != nil {
+		return nil, nil, err
+	}
+	if recycled != int64(total) {
+		return nil, nil, errRetry
+	}
+	var flows []StockFlow
+	var alerts []Alert
+	for _, no := range closing {
+		o := byNo[no]
+		r := CloseResult{OrderNo: no, Outcome: Closed, Status: OrderClosed, ProductID: o.ProductID,
+			Released: lockedBy[no], ExpiresAt: o.ExpiresAt}
+		if r.Released != o.Quantity {
+			r.Inconsistent = true
+			alerts = append(alerts, Alert{Kind: "inconsistency", Subject: no,
+				Message: fmt.Sprintf("closed order held %d locked cards, want %d", r.Released, o.Quantity)})
+		}
+		if r.Released > 0 {
+			flows = append(flows, StockFlow{ProductID: o.ProductID, OrderNo: no, ChangeType: FlowReturn, Quantity: r.Released})
+		}
+		results = append(results, r)
+	}
+	if err := writeFlow(ctx, tx, now, flows...); err != nil {
+		return nil, nil, err
+	}
+	sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })
+	return results, alerts, nil
+}
+
+// CancelOrder closes a PENDING order for its buyer now, through the one
+// close path. NOT_FOUND (also for a wrong token), CONFLICT if it is no
+// longer PENDING.
+func (l *Ledger) CancelOrder(ctx context.Context, orderNo, token string) (CloseResult, error) {
+	if _, err := l.BuyerOrder(ctx, orderNo, token); err != nil {
+		return CloseResult{}, err
+	}
+	rs, err := l.CloseOrders(ctx, []string{orderNo}, CloseCancel)
+	if err != nil {
+		return CloseResult{}, err
+	}
+	r := rs[0]
+	if r.Outcome != Closed {
+		return r, Errorf(ECONFLICT, "order %s is %s and can no longer be cancelled", orderNo, r.Status)
+	}
+	return r, nil
+}
+
+func uniqueSorted(xs []string) []string {
+	out := make([]string, 0, len(xs))
+	seen := make(map[string]bool, len(xs))
+	for _, x := range xs {
+		if x != "" && !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// PendingOrder is a PENDING order as the schedulers see it.
+type PendingOrder struct {
+	ID        int64     `bun:"id"`
+	OrderNo   string    `bun:"order_no"`
+	ProductID int64     `bun:"product_id"`
+	Quantity  int       `bun:"quantity"`
+	ExpiresAt time.Time `bun:"expires_at"`
+}
+
+// PendingOrders pages through PENDING orders by (expires_at, id), the
+// order of the (status, expires_at) index: pass the last row of one page as
+// after to get the next. dueBefore, when not zero, stops at orders expiring
+// at or after it.
+func (l *Ledger) PendingOrders(ctx context.Context, after PendingOrder, dueBefore time.Time, limit int) ([]PendingOrder, error) {
+	var out []PendingOrder
+	q := l.db.NewSelect().Table("orders").Column("id", "order_no", "product_id", "quantity", "expires_at").
+		Where("status = ?", OrderPending)
+	if !after.ExpiresAt.IsZero() {
+		q = q.Where("(expires_at > ? OR (expires_at = ? AND id > ?))", after.ExpiresAt, after.ExpiresAt, after.ID)
+	}
+	if !dueBefore.IsZero() {
+		q = q.Where("expires_at < ?", dueBefore.UTC())
+	}
+	err := q.OrderExpr("expires_at, id").Limit(int64(limit)).Scan(ctx, &out)
+	return out, err
+}

@@ -1,0 +1,542 @@
+package domain
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain/money"
+)
+
+// Payment is a verified payment notification, as the provider reported it.
+type Payment struct {
+	Provider  string
+	NotifyID  string // the provider's notification id; "" falls back to the trade number
+	OrderNo   string
+	TradeNo   string
+	AmountFen int64
+	PaidAt    time.Time
+	Raw       string // the notification body, kept for disputes
+}
+
+// PaymentOutcome is what a payment did.
+type PaymentOutcome string
+
+const (
+	PaymentDelivered        PaymentOutcome = "DELIVERED"         // PENDING → PAID, cards SOLD
+	PaymentDuplicate        PaymentOutcome = "DUPLICATE"         // seen before: nothing changed
+	PaymentLateRefund       PaymentOutcome = "LATE_REFUND"       // CLOSED → REFUNDING, refund created
+	PaymentLateDelivered    PaymentOutcome = "LATE_DELIVERED"    // CLOSED → PAID with its own cards (KAMI_LATE_PAYMENT=deliver)
+	PaymentDuplicateRefunds PaymentOutcome = "DUPLICATE_REFUNDS" // a second trade for a paid order: refunded
+)
+
+// PaymentResult reports RecordPayment.
+type PaymentResult struct {
+	Outcome PaymentOutcome
+	Order   *Order
+	// Refund is the refund this payment created, if any: the caller
+	// schedules it.
+	Refund *Refund
+}
+
+// maxRawNotification bounds what is kept of a notification body.
+const maxRawNotification = 64 << 10
+
+// RecordPayment applies a verified payment to its order, once:
+//   - PENDING: → PAID, its cards LOCKED → SOLD (delivered);
+//   - already paid with this trade, or the notification seen before: nothing;
+//   - CLOSED: a late payment, refunded (or, with KAMI_LATE_PAYMENT=deliver,
+//     delivered if the order's own cards are still free);
+//   - paid with another trade: the second payment is refunded.
+//
+// NOT_FOUND (unknown order), BAD_INPUT (amount or provider does not match:
+// nothing is recorded and an alert is raised).
+func (l *Ledger) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, error) {
+	if p.OrderNo == "" || p.TradeNo == "" || len(p.TradeNo) > 64 || p.Provider == "" {
+		return nil, Errorf(EBADINPUT, "a payment needs an order number, a trade number and a provider")
+	}
+	o, err := l.Order(ctx, p.OrderNo)
+	if err != nil {
+		return nil, err
+	}
+	if o.Provider != p.Provider {
+		l.alerts.Alert(ctx, Alert{Kind: "provider_mismatch", Subject: p.OrderNo,
+			Message: fmt.Sprintf("payment through %s for an order placed with %s", p.Provider, o.Provider)})
+		return nil, Errorf(EBADINPUT, "order %s is not paid through %s", p.OrderNo, p.Provider)
+	}
+	if p.AmountFen != o.AmountFen {
+		l.alerts.Alert(ctx, Alert{Kind: "amount_mismatch", Subject: p.OrderNo,
+			Message: fmt.Sprintf("%s reported %s paid for an order of %s (trade %s)", p.Provider, money.Format(p.AmountFen), money.Format(o.AmountFen), p.TradeNo)})
+		return nil, Errorf(EBADINPUT, "amount %s does not match order %s", money.Format(p.AmountFen), p.OrderNo)
+	}
+	var res *PaymentResult
+	var alerts []Alert
+	err = inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		var err error
+		res, alerts, err = l.recordPayment(ctx, tx, p)
+		return err
+	})
+	for _, a := range alerts {
+		l.alerts.Alert(ctx, a)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment) (*PaymentResult, []Alert, error) {
+	now := l.now()
+	paidAt := p.PaidAt.UTC().Truncate(time.Microsecond)
+	if paidAt.IsZero() {
+		paidAt = now
+	}
+	dedup := p.NotifyID
+	if dedup == "" {
+		dedup = "trade:" + p.TradeNo
+	}
+	fresh, err := recordNotification(ctx, tx, now, Notification{Provider: p.Provider, DedupKey: dedup, Kind: "PAYMENT",
+		OrderNo: p.OrderNo, TradeNo: p.TradeNo, AmountFen: p.AmountFen, Raw: p.Raw, Result: "RECEIVED"})
+	if err != nil {
+		return nil, nil, err
+	}
+	if !fresh {
+		o, err := orderIn(ctx, tx, p.OrderNo)
+		return &PaymentResult{Outcome: PaymentDuplicate, Order: o}, nil, err
+	}
+	paidCols := []column{col("trade_no = ?", p.TradeNo), col("paid_fen = ?", p.AmountFen), col("paid_at = ?", paidAt)}
+
+	// The usual case: the order still holds its cards.
+	n, err := apply(ctx, tx, OrderPay, now, whereOrderNo(p.OrderNo), append(paidCols, col("delivered_at = ?", now))...)
+	if err != nil {
+		return nil, nil, err
+	}
+	o, err := orderIn(ctx, tx, p.OrderNo)
+	if err != nil {
+		return nil, nil, err
+	}
+	if n == 1 {
+		if err := l.sellLocked(ctx, tx, o, now); err != nil {
+			return nil, nil, err
+		}
+		return &PaymentResult{Outcome: PaymentDelivered, Order: o}, nil, nil
+	}
+
+	switch {
+	case o.Status == OrderPending:
+		// Only a database without row locks gets here; run again.
+		return nil, nil, errRetry
+	case o.TradeNo == p.TradeNo:
+		// The same payment under another notification id.
+		return &PaymentResult{Outcome: PaymentDuplicate, Order: o}, nil, nil
+	case o.Status == OrderClosed:
+		if l.cfg.LatePayment == LateDeliver {
+			delivered, err := l.deliverLate(ctx, tx, o, now, paidCols)
+			if err != nil {
+				return nil, nil, err
+			}
+			if delivered {
+				o, err = orderIn(ctx, tx, p.OrderNo)
+				return &PaymentResult{Outcome: PaymentLateDelivered, Order: o}, nil, err
+			}
+		}
+		n, err := apply(ctx, tx, OrderLateRefund, now, whereOrderNo(p.OrderNo), paidCols...)
+		if err != nil {
+			return nil, nil, err
+		}
+		if n != 1 {
+			return nil, nil, errRetry
+		}
+		r, err := l.createRefund(ctx, tx, now, o, p.Provider, p.TradeNo, p.AmountFen, CauseLatePayment, "paid after the order was closed")
+		if err != nil {
+			return nil, nil, err
+		}
+		o, err = orderIn(ctx, tx, p.OrderNo)
+		return &PaymentResult{Outcome: PaymentLateRefund, Order: o, Refund: r}, nil, err
+	default:
+		// Paid (or refunding) with another trade: this money is owed back.
+		r, err := l.createRefund(ctx, tx, now, o, p.Provider, p.TradeNo, p.AmountFen, CauseDuplicatePayment, "a second payment for an order already paid")
+		if err != nil {
+			return nil, nil, err
+		}
+		return &PaymentResult{Outcome: PaymentDuplicateRefunds, Order: o, Refund: r},
+			[]Alert{{Kind: "duplicate_payment", Subject: o.OrderNo, Message: fmt.Sprintf("trade %s paid an order already paid by %s; refunding", p.TradeNo, o.TradeNo)}}, nil
+	}
+}
+
+// sellLocked moves the order's LOCKED cards to SOLD; it must find exactly
+// Quantity of them, or the transaction fails and nothing is delivered.
+func (l *Ledger) sellLocked(ctx context.Context, tx bun.Tx, o *Order, now time.Time) error {
+	n, err := apply(ctx, tx, CardSell, now, whereOrderNo(o.OrderNo), col("sold_at = ?", now))
+	if err != nil {
+		return err
+	}
+	if n != int64(o.Quantity) {
+		return Errorf(EINCONSISTENT, "order %s holds %d locked cards, want %d", o.OrderNo, n, o.Quantity)
+	}
+	return writeFlow(ctx, tx, now, StockFlow{ProductID: o.ProductID, OrderNo: o.OrderNo, ChangeType: FlowSell, Quantity: o.Quantity})
+}
+
+// deliverLate re-locks a closed order's own recycled cards and delivers
+// them, if every one of them is still free. It reports false (and changes
+// nothing) otherwise.
+func (l *Ledger) deliverLate(ctx context.Context, tx bun.Tx, o *Order, now time.Time, paidCols []column) (bool, error) {
+	var ids []int64
+	if err := forUpdate(tx.NewSelect().Table("card_stock").Column("id").
+		Where("order_no = ?", o.OrderNo).Where("status = ?", CardRecycled)).Scan(ctx, &ids); err != nil {
+		return false, err
+	}
+	if len(ids) != o.Quantity {
+		return false, nil
+	}
+	if n, err := apply(ctx, tx, CardLock, now, whereIDs(ids), col("locked_at = ?", now)); err != nil || n != int64(len(ids)) {
+		if err == nil {
+			err = errRetry
+		}
+		return false, err
+	}
+	if err := writeFlow(ctx, tx, now, StockFlow{ProductID: o.ProductID, OrderNo: o.OrderNo, ChangeType: FlowLock, Quantity: o.Quantity}); err != nil {
+		return false, err
+	}
+	if n, err := apply(ctx, tx, OrderLateDeliver, now, whereOrderNo(o.OrderNo), append(paidCols, col("delivered_at = ?", now))...); err != nil || n != 1 {
+		if err == nil {
+			err = errRetry
+		}
+		return false, err
+	}
+	return true, l.sellLocked(ctx, tx, o, now)
+}
+
+// refundNumber derives a refund's number from its cause, so that one cause
+// can never make two refunds: one late (or duplicate) payment, identified by
+// its provider and trade, is one refund; an admin refund is one per order.
+// At most 40 characters of [A-Z0-9-], valid for every gateway.
+func refundNumber(cause RefundCause, orderNo, provider, tradeNo string) string {
+	switch cause {
+	case CauseAdmin:
+		return "RA" + orderNo
+	default:
+		sum := sha256.Sum256([]byte(provider + "\x00" + tradeNo))
+		prefix := "RL"
+		if cause == CauseDuplicatePayment {
+			prefix = "RD"
+		}
+		return prefix + orderNo + "-" + hex.EncodeToString(sum[:6])
+	}
+}
+
+// createRefund inserts the refund row for a cause, or returns the one that
+// exists: the unique refund_no makes a second insert for the same cause
+// impossible.
+func (l *Ledger) createRefund(ctx context.Context, tx bun.Tx, now time.Time, o *Order, provider, tradeNo string, amount int64, cause RefundCause, reason string) (*Refund, error) {
+	r := &Refund{
+		RefundNo: refundNumber(cause, o.OrderNo, provider, tradeNo), OrderNo: o.OrderNo, Provider: provider,
+		TradeNo: tradeNo, Cause: cause, AmountFen: amount, PaidFen: amount, Reason: truncate(reason, 255),
+		Status: RefundProcessing, NextRetryAt: now, CreatedAt: now, UpdatedAt: now,
+	}
+	exists, err := tx.NewSelect().Model((*Refund)(nil)).Where("refund_no = ?", r.RefundNo).Exists(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if exists {
+		return refundIn(ctx, tx, r.RefundNo)
+	}
+	if _, err := tx.NewInsert().Model(r).Exec(ctx); err != nil {
+		if isUniqueViolation(err) {
+			return nil, errRetry // another transaction created it; read it next time round
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+// recordNotification stores a notification once; false means it was
+// stored before (a redelivery).
+func recordNotification(ctx context.Context, tx bun.Tx, now time.Time, n Notification) (bool, error) {
+	n.ReceivedAt = now
+	n.Raw = truncate(n.Raw, maxRawNotification)
+	n.DedupKey = truncate(n.DedupKey, 128)
+	exists, err := tx.NewSelect().Model((*Notification)(nil)).
+		Where("provider = ?", n.Provider).Where("dedup_key = ?", n.DedupKey).Exists(ctx)
+	if err != nil || exists {
+		return false, err
+	}
+	if _, err := tx.NewInsert().Model(&n).Exec(ctx); err != nil {
+		if isUniqueViolation(err) {
+			// A concurrent delivery of the same notification committed
+			// first; run again to see it as the duplicate it is.
+			return false, errRetry
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+func orderIn(ctx context.Context, db bun.IDB, orderNo string) (*Order, error) {
+	var o Order
+	if err := db.NewSelect().Model(&o).Where("order_no = ?", orderNo).Scan(ctx); err != nil {
+		return nil, notFound(err, "order %s not found", orderNo)
+	}
+	return &o, nil
+}
+
+func refundIn(ctx context.Context, db bun.IDB, refundNo string) (*Refund, error) {
+	var r Refund
+	if err := db.NewSelect().Model(&r).Where("refund_no = ?", refundNo).Scan(ctx); err != nil {
+		return nil, notFound(err, "refund %s not found", refundNo)
+	}
+	return &r, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// --- refunds --------------------------------------------------------------
+
+// Refund returns one refund. NOT_FOUND.
+func (l *Ledger) Refund(ctx context.Context, refundNo string) (*Refund, error) {
+	return refundIn(ctx, l.db, refundNo)
+}
+
+// RequestRefund refunds a delivered order in full for an admin: PAID →
+// REFUNDING with one refund row. Its cards stay SOLD. NOT_FOUND, CONFLICT
+// (not PAID), BAD_INPUT (reason too long).
+func (l *Ledger) RequestRefund(ctx context.Context, orderNo, reason, actor string) (*Refund, error) {
+	if len(reason) > 255 {
+		return nil, Errorf(EBADINPUT, "reason is longer than 255 bytes")
+	}
+	if reason == "" {
+		reason = "refunded by an admin"
+	}
+	var r *Refund
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		now := l.now()
+		o, err := orderIn(ctx, tx, orderNo)
+		if err != nil {
+			return err
+		}
+		n, err := apply(ctx, tx, OrderAdminRefund, now, whereOrderNo(orderNo))
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return Errorf(ECONFLICT, "order %s is %s; only a PAID order can be refunded", orderNo, o.Status)
+		}
+		if r, err = l.createRefund(ctx, tx, now, o, o.Provider, o.TradeNo, o.PaidFen, CauseAdmin, reason); err != nil {
+			return err
+		}
+		return audit(ctx, tx, now, actor, "order.refund", orderNo, reason)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// RefundSucceeded records that the provider refunded: the refund →
+// SUCCEEDED (also from FAILED: a late confirmation is still the truth) and
+// its order REFUNDING → REFUNDED. It reports whether anything changed; a
+// second confirmation changes nothing.
+func (l *Ledger) RefundSucceeded(ctx context.Context, refundNo, providerRefundID string) (*Refund, bool, error) {
+	var r *Refund
+	var changed bool
+	var alerts []Alert
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		var err error
+		r, changed, alerts, err = l.refundSucceeded(ctx, tx, refundNo, providerRefundID)
+		return err
+	})
+	for _, a := range alerts {
+		l.alerts.Alert(ctx, a)
+	}
+	return r, changed, err
+}
+
+func (l *Ledger) refundSucceeded(ctx context.Context, tx bun.Tx, refundNo, providerRefundID string) (*Refund, bool, []Alert, error) {
+	now := l.now()
+	cols := []column{col("finished_at = ?", now), col("next_retry_at = NULL")}
+	if providerRefundID != "" {
+		cols = append(cols, col("provider_refund_id = ?", truncate(providerRefundID, 64)))
+	}
+	n, err := apply(ctx, tx, RefundSucceed, now, whereRefundNo(refundNo), cols...)
+	if err != nil {
+		return nil, false, nil, err
+	}
+	r, err := refundIn(ctx, tx, refundNo)
+	if err != nil || n == 0 {
+		return r, false, nil, err
+	}
+	var alerts []Alert
+	if r.Cause != CauseDuplicatePayment {
+		m, err := apply(ctx, tx, OrderRefundDone, now, whereOrderNo(r.OrderNo), col("refunded_at = ?", now))
+		if err != nil {
+			return nil, false, nil, err
+		}
+		if m != 1 {
+			alerts = append(alerts, Alert{Kind: "inconsistency", Subject: r.OrderNo,
+				Message: fmt.Sprintf("refund %s succeeded but its order was not REFUNDING", refundNo)})
+		}
+	}
+	return r, true, alerts, nil
+}
+
+// RefundAttemptFailed records a failed refund attempt number attempt
+// (Refund.RetryCount as the caller read it) with the gateway's detail. The
+// refund stays PROCESSING with next_retry_at after the next backoff step,
+// or, when the backoff is used up, becomes FAILED with an alert. A second
+// report of the same attempt changes nothing.
+func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attempt int, detail string) (*Refund, error) {
+	var r *Refund
+	var alert *Alert
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		alert = nil
+		now := l.now()
+		detail := truncate(detail, 512)
+		failures := attempt + 1
+		var n int64
+		var err error
+		byAttempt := func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			return whereRefundNo(refundNo)(q).Where("retry_count = ?", attempt)
+		}
+		if failures > len(l.cfg.RefundBackoff) {
+			n, err = apply(ctx, tx, RefundGiveUp, now, byAttempt,
+				col("retry_count = ?", failures), col("last_error = ?", detail), col("next_retry_at = NULL"), col("finished_at = ?", now))
+			if n == 1 {
+				alert = &Alert{Kind: "refund_failed", Subject: refundNo,
+					Message: fmt.Sprintf("gave up after %d attempts: %s; retry it with retryRefund", failures, detail)}
+			}
+		} else {
+			n, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
+				col("retry_count = ?", failures), col("last_error = ?", detail),
+				col("next_retry_at = ?", now.Add(l.cfg.RefundBackoff[failures-1])))
+		}
+		if err != nil {
+			return err
+		}
+		r, err = refundIn(ctx, tx, refundNo)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if alert != nil {
+		l.alerts.Alert(ctx, *alert)
+	}
+	return r, nil
+}
+
+// RetryRefund restarts a FAILED refund for an admin: → PROCESSING, due now,
+// with a fresh backoff. NOT_FOUND, CONFLICT (not FAILED).
+func (l *Ledger) RetryRefund(ctx context.Context, refundNo, actor string) (*Refund, error) {
+	var r *Refund
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		now := l.now()
+		cur, err := refundIn(ctx, tx, refundNo)
+		if err != nil {
+			return err
+		}
+		n, err := apply(ctx, tx, RefundRetry, now, whereRefundNo(refundNo),
+			col("retry_count = 0"), col("next_retry_at = ?", now), col("finished_at = NULL"))
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return Errorf(ECONFLICT, "refund %s is %s; only a FAILED refund can be retried", refundNo, cur.Status)
+		}
+		if r, err = refundIn(ctx, tx, refundNo); err != nil {
+			return err
+		}
+		return audit(ctx, tx, now, actor, "refund.retry", refundNo, "")
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// RefundEvent is a verified refund notification.
+type RefundEvent struct {
+	Provider         string
+	NotifyID         string
+	RefundNo         string
+	Succeeded        bool // false: the gateway reports the refund failed
+	ProviderRefundID string
+	Detail           string
+	Raw              string
+}
+
+// RecordRefundEvent applies a refund notification once. NOT_FOUND for a
+// refund kami never made.
+func (l *Ledger) RecordRefundEvent(ctx context.Context, ev RefundEvent) (*Refund, bool, error) {
+	r, err := l.Refund(ctx, ev.RefundNo)
+	if err != nil {
+		return nil, false, err
+	}
+	if r.Provider != ev.Provider {
+		return nil, false, Errorf(EBADINPUT, "refund %s was not made through %s", ev.RefundNo, ev.Provider)
+	}
+	dedup := ev.NotifyID
+	if dedup == "" {
+		dedup = fmt.Sprintf("refund:%s:%t", ev.RefundNo, ev.Succeeded)
+	}
+	var changed, fresh bool
+	var alerts []Alert
+	err = inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		changed, alerts = false, nil
+		var err error
+		fresh, err = recordNotification(ctx, tx, l.now(), Notification{Provider: ev.Provider, DedupKey: dedup, Kind: "REFUND",
+			OrderNo: r.OrderNo, TradeNo: r.TradeNo, RefundNo: r.RefundNo, AmountFen: r.AmountFen, Raw: ev.Raw, Result: "RECEIVED"})
+		if err != nil || !fresh {
+			return err
+		}
+		if ev.Succeeded {
+			r, changed, alerts, err = l.refundSucceeded(ctx, tx, ev.RefundNo, ev.ProviderRefundID)
+		}
+		return err
+	})
+	for _, a := range alerts {
+		l.alerts.Alert(ctx, a)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if fresh && !ev.Succeeded {
+		// A failure report is one more failed attempt; the retry path
+		// queries the gateway before trying again.
+		cur, err := l.Refund(ctx, ev.RefundNo)
+		if err != nil {
+			return nil, false, err
+		}
+		if cur.Status == RefundProcessing {
+			r, err = l.RefundAttemptFailed(ctx, ev.RefundNo, cur.RetryCount, "gateway reported the refund failed: "+ev.Detail)
+			return r, err == nil, err
+		}
+		return cur, false, nil
+	}
+	return r, changed, nil
+}
+
+// DueRefunds lists PROCESSING refunds whose next attempt is due, oldest
+// first, from the (status, next_retry_at) index.
+func (l *Ledger) DueRefunds(ctx context.Context, now time.Time, limit int) ([]Refund, error) {
+	var rs []Refund
+	err := l.db.NewSelect().Model(&rs).Where("status = ?", RefundProcessing).
+		Where("next_retry_at <= ?", now.UTC()).OrderExpr("next_retry_at, id").Limit(int64(limit)).Scan(ctx)
+	return rs, err
+}
+
+// StaleRefunds lists refunds still PROCESSING that were created before t.
+func (l *Ledger) StaleRefunds(ctx context.Context, before time.Time, limit int) ([]Refund, error) {
+	var rs []Refund
+	err := l.db.NewSelect().Model(&rs).Where("status = ?", RefundProcessing).
+		Where("created_at < ?", before.UTC()).OrderExpr("created_at, id").Limit(int64(limit)).Scan(ctx)
+	return rs, err
+}

@@ -1,0 +1,130 @@
+package domain
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"strings"
+)
+
+// CardKeySize is the size of KAMI_CARD_KEY: an AES-256 key.
+const CardKeySize = 32
+
+// Sealer keeps card codes secret at rest and derives the other secrets kami
+// needs from the one card key: each use gets its own subkey, so a leak of
+// one (say the dedup hash) says nothing about another.
+type Sealer struct {
+	aead     cipher.AEAD
+	hashKey  []byte // keyed hash of codes, to find duplicates
+	tokenKey []byte // buyers' access tokens
+}
+
+// ParseCardKey reads KAMI_CARD_KEY: 32 bytes as hex (64 characters) or
+// base64.
+func ParseCardKey(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	if b, err := hex.DecodeString(s); err == nil && len(b) == CardKeySize {
+		return b, nil
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if b, err := enc.DecodeString(s); err == nil && len(b) == CardKeySize {
+			return b, nil
+		}
+	}
+	return nil, errors.New("KAMI_CARD_KEY: want 32 bytes as 64 hex characters or base64")
+}
+
+// NewCardKey returns a fresh random key in the form ParseCardKey reads.
+func NewCardKey() string {
+	b := make([]byte, CardKeySize)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// NewSealer returns a Sealer for a 32-byte key.
+func NewSealer(key []byte) (*Sealer, error) {
+	if len(key) != CardKeySize {
+		return nil, errors.New("KAMI_CARD_KEY: want 32 bytes")
+	}
+	block, err := aes.NewCipher(subkey(key, "kami card code encryption v1"))
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	return &Sealer{
+		aead:     aead,
+		hashKey:  subkey(key, "kami card code dedup v1"),
+		tokenKey: subkey(key, "kami order access token v1"),
+	}, nil
+}
+
+func subkey(key []byte, label string) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(label))
+	return m.Sum(nil)
+}
+
+// productAD binds a sealed code to its product: a ciphertext copied to
+// another product's row does not open.
+func productAD(productID int64) []byte {
+	return binary.BigEndian.AppendUint64([]byte("card:"), uint64(productID))
+}
+
+// Seal encrypts code with AES-256-GCM under a fresh random nonce.
+func (s *Sealer) Seal(productID int64, code string) []byte {
+	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(code)+s.aead.Overhead())
+	rand.Read(nonce)
+	return s.aead.Seal(nonce, nonce, []byte(code), productAD(productID))
+}
+
+// Open decrypts what Seal produced.
+func (s *Sealer) Open(productID int64, sealed []byte) (string, error) {
+	n := s.aead.NonceSize()
+	if len(sealed) < n+s.aead.Overhead() {
+		return "", errors.New("sealed card code too short")
+	}
+	plain, err := s.aead.Open(nil, sealed[:n], sealed[n:], productAD(productID))
+	if err != nil {
+		return "", errors.New("sealed card code does not open with KAMI_CARD_KEY")
+	}
+	return string(plain), nil
+}
+
+// CodeHash is the keyed hash that detects a code imported twice for one
+// product without storing the code in the clear.
+func (s *Sealer) CodeHash(productID int64, code string) string {
+	m := hmac.New(sha256.New, s.hashKey)
+	m.Write(productAD(productID))
+	m.Write([]byte(code))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// AccessToken is the buyer's token for orderNo. It is derived, not random,
+// so that a createOrder retried with the same idempotency key hands back
+// the same token although only its hash is stored.
+func (s *Sealer) AccessToken(orderNo string) string {
+	m := hmac.New(sha256.New, s.tokenKey)
+	m.Write([]byte(orderNo))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// HashToken is what the database keeps of an access token.
+func HashToken(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// TokenMatches compares a presented token with a stored hash in constant time.
+func TokenMatches(token, storedHash string) bool {
+	got := HashToken(token)
+	return hmac.Equal([]byte(got), []byte(storedHash))
+}

@@ -1,0 +1,128 @@
+package domain
+
+import "slices"
+
+// OrderStatus is the state of an order. See the transition table below.
+type OrderStatus string
+
+const (
+	OrderPending   OrderStatus = "PENDING"
+	OrderPaid      OrderStatus = "PAID"
+	OrderRefunding OrderStatus = "REFUNDING"
+	OrderRefunded  OrderStatus = "REFUNDED"
+	OrderClosed    OrderStatus = "CLOSED"
+)
+
+// OrderStatuses lists every order status; the schema's CHECK repeats it.
+var OrderStatuses = []OrderStatus{OrderPending, OrderPaid, OrderRefunding, OrderRefunded, OrderClosed}
+
+// Final reports whether no transition leaves s.
+func (s OrderStatus) Final() bool { return s == OrderRefunded }
+
+// CardStatus is the state of one card code.
+type CardStatus string
+
+const (
+	CardUnsold   CardStatus = "UNSOLD"
+	CardLocked   CardStatus = "LOCKED"
+	CardSold     CardStatus = "SOLD"
+	CardRecycled CardStatus = "RECYCLED"
+)
+
+// CardStatuses lists every card status; the schema's CHECK repeats it.
+var CardStatuses = []CardStatus{CardUnsold, CardLocked, CardSold, CardRecycled}
+
+// RefundStatus is the state of a refund_order row.
+type RefundStatus string
+
+const (
+	RefundProcessing RefundStatus = "PROCESSING"
+	RefundSucceeded  RefundStatus = "SUCCEEDED"
+	RefundFailed     RefundStatus = "FAILED"
+)
+
+// RefundStatuses lists every refund status; the schema's CHECK repeats it.
+var RefundStatuses = []RefundStatus{RefundProcessing, RefundSucceeded, RefundFailed}
+
+// Tables whose status column the transitions move.
+const (
+	tableOrders  = "orders"
+	tableCards   = "card_stock"
+	tableRefunds = "refund_order"
+)
+
+// Transition is one legal move of a status column. The SQL that applies it
+// is built from it (see apply.go): UPDATE <table> SET status=<To> WHERE
+// <key> AND status IN (<From>...), with the rows affected checked. Nothing
+// else in kami writes a status.
+type Transition struct {
+	Name  string
+	Table string
+	From  []string
+	To    string
+}
+
+func orderMove(name string, from []OrderStatus, to OrderStatus) Transition {
+	return Transition{Name: name, Table: tableOrders, From: strs(from), To: string(to)}
+}
+
+func cardMove(name string, from []CardStatus, to CardStatus) Transition {
+	return Transition{Name: name, Table: tableCards, From: strs(from), To: string(to)}
+}
+
+func refundMove(name string, from []RefundStatus, to RefundStatus) Transition {
+	return Transition{Name: name, Table: tableRefunds, From: strs(from), To: string(to)}
+}
+
+// The transition table: every state change kami makes, and only these.
+var (
+	// A buyer's payment lands while the order still holds its cards.
+	OrderPay = orderMove("order.pay", []OrderStatus{OrderPending}, OrderPaid)
+	// The order's time ran out (or its buyer cancelled): cards go back.
+	OrderClose = orderMove("order.close", []OrderStatus{OrderPending}, OrderClosed)
+	// A payment for a closed order: it is refunded, never delivered by default.
+	OrderLateRefund = orderMove("order.late_refund", []OrderStatus{OrderClosed}, OrderRefunding)
+	// KAMI_LATE_PAYMENT=deliver: a closed order whose own cards are still
+	// free is delivered after all.
+	OrderLateDeliver = orderMove("order.late_deliver", []OrderStatus{OrderClosed}, OrderPaid)
+	// An admin refunds a delivered order; its cards stay SOLD (they were shown).
+	OrderAdminRefund = orderMove("order.admin_refund", []OrderStatus{OrderPaid}, OrderRefunding)
+	// The provider confirmed the refund.
+	OrderRefundDone = orderMove("order.refunded", []OrderStatus{OrderRefunding}, OrderRefunded)
+
+	CardLock    = cardMove("card.lock", []CardStatus{CardUnsold, CardRecycled}, CardLocked)
+	CardSell    = cardMove("card.sell", []CardStatus{CardLocked}, CardSold)
+	CardRecycle = cardMove("card.recycle", []CardStatus{CardLocked}, CardRecycled)
+
+	RefundSucceed = refundMove("refund.succeed", []RefundStatus{RefundProcessing, RefundFailed}, RefundSucceeded)
+	RefundGiveUp  = refundMove("refund.give_up", []RefundStatus{RefundProcessing}, RefundFailed)
+	RefundRetry   = refundMove("refund.retry", []RefundStatus{RefundFailed}, RefundProcessing)
+	// A failed attempt that will be tried again stays PROCESSING; it is a
+	// transition so that its update is guarded like every other.
+	RefundAttempt = refundMove("refund.attempt", []RefundStatus{RefundProcessing}, RefundProcessing)
+)
+
+// Transitions is the whole table, for tests and documentation.
+var Transitions = []Transition{
+	OrderPay, OrderClose, OrderLateRefund, OrderLateDeliver, OrderAdminRefund, OrderRefundDone,
+	CardLock, CardSell, CardRecycle,
+	RefundSucceed, RefundGiveUp, RefundRetry, RefundAttempt,
+}
+
+// Allowed reports whether some transition moves table's status from → to.
+func Allowed(table, from, to string) bool {
+	for _, t := range Transitions {
+		if t.Table == table && t.To == to && slices.Contains(t.From, from) {
+			return true
+		}
+	}
+	return false
+}
+
+func strs[S ~string](xs []S) []string {
+	out := make([]string, len(xs))
+	for i, x := range xs {
+		out[i] = string(x)
+	}
+	return out
+}
