@@ -1,0 +1,442 @@
+package domain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/providers"
+)
+
+// StockGate is the admission counter in front of the ledger (Redis
+// stock:product:{id} in package queue). It may refuse a sale the database
+// would allow; it can never make one the database refuses, since the card
+// lock in PlaceOrder is the real gate.
+type StockGate interface {
+	// Take takes qty from the product's counter if that many are left.
+	// false: not enough. An error means the gate cannot answer (Redis down).
+	Take(ctx context.Context, productID int64, qty int) (bool, error)
+	// GiveBack returns qty to the product's counter.
+	GiveBack(ctx context.Context, productID int64, qty int) error
+}
+
+// Scheduler puts work on the Redis delay queues. Losing a schedule is never
+// fatal: the sweepers rebuild it from the database.
+type Scheduler interface {
+	ScheduleClose(ctx context.Context, orderNo string, due time.Time) error
+	ScheduleRefund(ctx context.Context, refundNo string, due time.Time) error
+}
+
+// Events hears every order status change (GraphQL subscriptions).
+type Events interface {
+	OrderChanged(ctx context.Context, orderNo string, status OrderStatus)
+}
+
+// Shop is the application service every entry point calls: it puts the
+// ledger together with the stock gate, the schedulers, the payment
+// providers and the event stream. The ledger decides; Shop only sequences
+// the outside effects around its transactions.
+type Shop struct {
+	Ledger    *Ledger
+	Gate      StockGate
+	Scheduler Scheduler
+	Events    Events
+	Providers *providers.Registry
+	Log       *slog.Logger
+	// PublicBaseURL prefixes pay URLs that kami serves itself (sandbox).
+	PublicBaseURL string
+	// PreCloseCheck asks the provider whether a due order was paid before
+	// closing it (a lost notification then delivers instead of closing),
+	// and closes the trade at the provider. On by default in the server.
+	PreCloseCheck bool
+	// ProviderTimeout bounds each call made to a provider on the close path.
+	ProviderTimeout time.Duration
+}
+
+func (s *Shop) log() *slog.Logger {
+	if s.Log != nil {
+		return s.Log
+	}
+	return slog.Default()
+}
+
+func (s *Shop) changed(ctx context.Context, o *Order) {
+	if s.Events != nil && o != nil {
+		s.Events.OrderChanged(ctx, o.OrderNo, o.Status)
+	}
+}
+
+// Checkout is what a buyer gets from placing an order.
+type Checkout struct {
+	*PlacedOrder
+	Payment providers.PaymentAction
+}
+
+// PlaceOrder admits the order through the stock gate, places it in the
+// ledger, schedules its close and asks the provider how the buyer pays.
+// Errors as Ledger.PlaceOrder, plus UNAVAILABLE when the gate or the
+// provider cannot answer (nothing is held then).
+func (s *Shop) PlaceOrder(ctx context.Context, in PlaceOrderInput, method, clientIP string) (*Checkout, error) {
+	p, ok := s.Providers.Get(in.Provider)
+	if !ok {
+		return nil, Errorf(EBADINPUT, "provider %q is not enabled; use one of %v", in.Provider, s.Providers.Names())
+	}
+	if err := in.normalize(); err != nil {
+		return nil, err
+	}
+	if in.IdempotencyKey != "" {
+		placed, err := s.Ledger.replay(ctx, in)
+		if err != nil {
+			return nil, err
+		}
+		if placed != nil {
+			return s.checkout(ctx, p, placed, method, clientIP)
+		}
+	}
+	if s.Gate != nil {
+		ok, err := s.Gate.Take(ctx, in.ProductID, in.Quantity)
+		if err != nil {
+			s.log().WarnContext(ctx, "stock gate unavailable", "err", err)
+			return nil, Errorf(EUNAVAILABLE, "ordering is paused for a moment; try again")
+		}
+		if !ok {
+			return nil, Errorf(ESOLDOUT, "product %d has fewer than %d cards left", in.ProductID, in.Quantity)
+		}
+	}
+	placed, err := s.Ledger.PlaceOrder(ctx, in)
+	if s.Gate != nil && (err != nil || placed.Replayed) {
+		// Nothing was locked for this request: give the admission back.
+		if gerr := s.Gate.GiveBack(context.WithoutCancel(ctx), in.ProductID, in.Quantity); gerr != nil {
+			s.log().WarnContext(ctx, "stock gate give-back failed; reconciliation repairs it", "product", in.ProductID, "err", gerr)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !placed.Replayed && s.Scheduler != nil {
+		if err := s.Scheduler.ScheduleClose(ctx, placed.Order.OrderNo, placed.Order.ExpiresAt); err != nil {
+			// The sweeper finds PENDING orders missing from the queue.
+			s.log().WarnContext(ctx, "schedule close failed; the sweeper will", "order", placed.Order.OrderNo, "err", err)
+		}
+	}
+	s.changed(ctx, placed.Order)
+	return s.checkout(ctx, p, placed, method, clientIP)
+}
+
+func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *PlacedOrder, method, clientIP string) (*Checkout, error) {
+	o := placed.Order
+	subject := fmt.Sprintf("Order %s", o.OrderNo)
+	if prod, err := s.Ledger.Product(ctx, o.ProductID); err == nil {
+		subject = prod.Name
+	}
+	action, err := p.CreatePayment(ctx, providers.PaymentRequest{OrderNo: o.OrderNo, AmountFen: o.AmountFen,
+		Subject: subject, ExpiresAt: o.ExpiresAt, ClientIP: clientIP, Method: method})
+	if err != nil {
+		if providers.KindOf(err) == providers.Unsupported {
+			s.cancelUnpayable(ctx, o)
+			return nil, Errorf(EBADINPUT, "payment method %q is not offered by %s", method, p.Name())
+		}
+		s.log().ErrorContext(ctx, "create payment failed", "order", o.OrderNo, "provider", p.Name(), "err", err)
+		if !placed.Replayed {
+			s.cancelUnpayable(ctx, o)
+		}
+		return nil, Errorf(EUNAVAILABLE, "the payment provider did not answer; try again")
+	}
+	return &Checkout{PlacedOrder: placed, Payment: action}, nil
+}
+
+// cancelUnpayable gives back the cards of an order the buyer cannot pay.
+func (s *Shop) cancelUnpayable(ctx context.Context, o *Order) {
+	if _, err := s.CloseOrders(context.WithoutCancel(ctx), []string{o.OrderNo}, CloseCancel); err != nil {
+		s.log().ErrorContext(ctx, "cancel of an unpayable order failed; its close is scheduled", "order", o.OrderNo, "err", err)
+	}
+}
+
+// CancelOrder closes a buyer's PENDING order now.
+func (s *Shop) CancelOrder(ctx context.Context, orderNo, token string) (*Order, error) {
+	if _, err := s.Ledger.BuyerOrder(ctx, orderNo, token); err != nil {
+		return nil, err
+	}
+	rs, err := s.CloseOrders(ctx, []string{orderNo}, CloseCancel)
+	if err != nil {
+		return nil, err
+	}
+	if rs[0].Outcome != Closed {
+		return nil, Errorf(ECONFLICT, "order %s is %s and can no longer be cancelled", orderNo, rs[0].Status)
+	}
+	return s.Ledger.Order(ctx, orderNo)
+}
+
+// CloseOrders closes a batch through the ledger's one close path, then
+// gives the released cards back to the stock gate and tells subscribers.
+// With PreCloseCheck, due orders are first checked at their provider.
+func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseReason) ([]CloseResult, error) {
+	if s.PreCloseCheck && reason == CloseTimeout {
+		orderNos = s.preClose(ctx, orderNos)
+	}
+	rs, err := s.Ledger.CloseOrders(ctx, orderNos, reason)
+	if err != nil {
+		return nil, err
+	}
+	released := map[int64]int{}
+	for _, r := range rs {
+		if r.Outcome == Closed {
+			released[r.ProductID] += r.Released
+			if s.Events != nil {
+				s.Events.OrderChanged(ctx, r.OrderNo, OrderClosed)
+			}
+		}
+	}
+	if s.Gate != nil {
+		for pid, n := range released {
+			if n == 0 {
+				continue
+			}
+			if err := s.Gate.GiveBack(context.WithoutCancel(ctx), pid, n); err != nil {
+				s.log().WarnContext(ctx, "stock gate give-back failed; reconciliation repairs it", "product", pid, "err", err)
+			}
+		}
+	}
+	return rs, nil
+}
+
+// preClose asks each due order's provider whether it was paid: a paid
+// one is recorded as paid (it drops out of the batch), an unpaid one is
+// closed at the provider so it can no longer be paid. A provider that fails
+// to answer never holds up the close: a payment after the close is refunded.
+func (s *Shop) preClose(ctx context.Context, orderNos []string) []string {
+	timeout := s.ProviderTimeout
+	if timeout <= 0 {
+		timeout = 3 * time.Second
+	}
+	keep := make([]bool, len(orderNos))
+	var due []Order
+	if err := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "provider", "status", "expires_at").
+		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", OrderPending).
+		Where("expires_at <= ?", s.Ledger.now()).Scan(ctx); err != nil {
+		s.log().WarnContext(ctx, "trade checks before close skipped", "err", err)
+	}
+	dueByNo := make(map[string]*Order, len(due))
+	for i := range due {
+		dueByNo[due[i].OrderNo] = &due[i]
+	}
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i, no := range orderNos {
+		keep[i] = true
+		o := dueByNo[no]
+		if o == nil {
+			continue
+		}
+		p, ok := s.Providers.Get(o.Provider)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			st, err := p.QueryPayment(cctx, o.OrderNo)
+			if err == nil && st.Status == providers.TradePaid {
+				res, err := s.RecordPayment(ctx, Payment{Provider: p.Name(), NotifyID: "query:" + st.TradeNo, OrderNo: o.OrderNo,
+					TradeNo: st.TradeNo, AmountFen: st.AmountFen, PaidAt: st.PaidAt, Raw: "trade query before close"})
+				if err == nil && res.Outcome == PaymentDelivered {
+					keep[i] = false
+				}
+				return
+			}
+			if err != nil {
+				s.log().WarnContext(ctx, "trade query before close failed; closing anyway", "order", o.OrderNo, "err", err)
+			}
+			if err := p.ClosePayment(cctx, o.OrderNo); err != nil {
+				s.log().WarnContext(ctx, "closing the trade at the provider failed", "order", o.OrderNo, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	out := orderNos[:0:0]
+	for i, no := range orderNos {
+		if keep[i] {
+			out = append(out, no)
+		}
+	}
+	return out
+}
+
+// RecordPayment applies a payment and sees to what follows: subscribers
+// hear of the change, a refund it created is scheduled.
+func (s *Shop) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, error) {
+	res, err := s.Ledger.RecordPayment(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if res.Outcome != PaymentDuplicate {
+		s.changed(ctx, res.Order)
+	}
+	if res.Outcome == PaymentLateDelivered && s.Gate != nil {
+		// The re-locked cards were counted as free again when the order
+		// closed; the counter is advisory, so a failed take only means
+		// the counter stays high until reconciliation (the database still
+		// refuses a card it does not have).
+		if _, err := s.Gate.Take(context.WithoutCancel(ctx), res.Order.ProductID, res.Order.Quantity); err != nil {
+			s.log().WarnContext(ctx, "stock gate take after late delivery failed", "order", res.Order.OrderNo, "err", err)
+		}
+	}
+	if res.Refund != nil {
+		s.scheduleRefund(ctx, res.Refund)
+	}
+	return res, nil
+}
+
+func (s *Shop) scheduleRefund(ctx context.Context, r *Refund) {
+	if s.Scheduler == nil || r.Status != RefundProcessing {
+		return
+	}
+	due := r.NextRetryAt
+	if due.IsZero() {
+		due = s.Ledger.now()
+	}
+	if err := s.Scheduler.ScheduleRefund(ctx, r.RefundNo, due); err != nil {
+		s.log().WarnContext(ctx, "schedule refund failed; the sweeper will", "refund", r.RefundNo, "err", err)
+	}
+}
+
+// HandleNotification verifies a provider's notification and applies it.
+// It returns the error to acknowledge with (nil: success). A notification
+// that fails verification changes nothing.
+func (s *Shop) HandleNotification(ctx context.Context, providerName string, header http.Header, body []byte) (providers.Provider, error) {
+	p, ok := s.Providers.Get(providerName)
+	if !ok {
+		return nil, Errorf(ENOTFOUND, "no provider %q", providerName)
+	}
+	ev, err := p.ParseNotification(ctx, header, body)
+	if err != nil {
+		return p, err
+	}
+	switch ev.Kind {
+	case providers.EventPaymentSucceeded:
+		_, err = s.RecordPayment(ctx, Payment{Provider: p.Name(), NotifyID: ev.NotifyID, OrderNo: ev.OrderNo,
+			TradeNo: ev.TradeNo, AmountFen: ev.AmountFen, PaidAt: ev.PaidAt, Raw: string(body)})
+	case providers.EventRefundSucceeded, providers.EventRefundFailed:
+		var r *Refund
+		r, _, err = s.Ledger.RecordRefundEvent(ctx, RefundEvent{Provider: p.Name(), NotifyID: ev.NotifyID, RefundNo: ev.RefundNo,
+			Succeeded: ev.Kind == providers.EventRefundSucceeded, Raw: string(body)})
+		if err == nil && r != nil {
+			if r.Status == RefundSucceeded {
+				if o, oerr := s.Ledger.Order(ctx, r.OrderNo); oerr == nil {
+					s.changed(ctx, o)
+				}
+			}
+			s.scheduleRefund(ctx, r)
+		}
+	}
+	return p, err
+}
+
+// ProcessRefund makes one attempt at a PROCESSING refund that is due: if an
+// earlier attempt was made, it first asks the provider for the refund's
+// state, so a timeout can never become a second refund; then it refunds
+// under the same refund number. It records the outcome and schedules the
+// next attempt. A refund that is not due or not PROCESSING is left alone.
+func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, error) {
+	r, err := s.Ledger.Refund(ctx, refundNo)
+	if err != nil {
+		return nil, err
+	}
+	if r.Status != RefundProcessing || r.NextRetryAt.After(s.Ledger.now().Add(time.Second)) {
+		return r, nil
+	}
+	p, ok := s.Providers.Get(r.Provider)
+	if !ok {
+		return s.refundFailed(ctx, r, "provider "+r.Provider+" is not enabled")
+	}
+	req := providers.RefundRequest{RefundNo: r.RefundNo, OrderNo: r.OrderNo, TradeNo: r.TradeNo,
+		RefundFen: r.AmountFen, TotalFen: r.PaidFen, Reason: r.Reason}
+	if r.RetryCount > 0 {
+		res, err := p.QueryRefund(ctx, req)
+		switch {
+		case err != nil:
+			// The state is unknown: do not refund blind.
+			return s.refundFailed(ctx, r, "refund query: "+errorDetail(err))
+		case res.State == providers.RefundSucceeded:
+			return s.refundSucceeded(ctx, r, res.ProviderRefundID)
+		case res.State == providers.RefundProcessing:
+			return s.refundFailed(ctx, r, "still processing at the provider")
+		}
+		// NOT_FOUND or FAILED: refunding under the same number is safe.
+	}
+	res, err := p.Refund(ctx, req)
+	if err != nil {
+		return s.refundFailed(ctx, r, errorDetail(err))
+	}
+	switch res.State {
+	case providers.RefundSucceeded:
+		return s.refundSucceeded(ctx, r, res.ProviderRefundID)
+	case providers.RefundProcessing:
+		return s.refundFailed(ctx, r, "accepted, processing at the provider")
+	default:
+		return s.refundFailed(ctx, r, "provider refused: "+res.Detail)
+	}
+}
+
+func (s *Shop) refundSucceeded(ctx context.Context, r *Refund, providerRefundID string) (*Refund, error) {
+	r, changed, err := s.Ledger.RefundSucceeded(ctx, r.RefundNo, providerRefundID)
+	if err == nil && changed {
+		if o, oerr := s.Ledger.Order(ctx, r.OrderNo); oerr == nil {
+			s.changed(ctx, o)
+		}
+	}
+	return r, err
+}
+
+func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Refund, error) {
+	r, err := s.Ledger.RefundAttemptFailed(ctx, r.RefundNo, r.RetryCount, detail)
+	if err != nil {
+		return nil, err
+	}
+	s.scheduleRefund(ctx, r)
+	return r, nil
+}
+
+// errorDetail is what a refund's last_error keeps of a provider error: the
+// kind and the gateway's code, never keys or bodies (providers.Error
+// promises that).
+func errorDetail(err error) string {
+	var pe *providers.Error
+	if errors.As(err, &pe) {
+		return pe.Error()
+	}
+	return "provider call failed: " + err.Error()
+}
+
+// RequestRefund refunds a delivered order for an admin and schedules it.
+func (s *Shop) RequestRefund(ctx context.Context, orderNo, reason, actor string) (*Refund, error) {
+	r, err := s.Ledger.RequestRefund(ctx, orderNo, reason, actor)
+	if err != nil {
+		return nil, err
+	}
+	if o, err := s.Ledger.Order(ctx, orderNo); err == nil {
+		s.changed(ctx, o)
+	}
+	s.scheduleRefund(ctx, r)
+	return r, nil
+}
+
+// RetryRefund restarts a FAILED refund for an admin and schedules it now.
+func (s *Shop) RetryRefund(ctx context.Context, refundNo, actor string) (*Refund, error) {
+	r, err := s.Ledger.RetryRefund(ctx, refundNo, actor)
+	if err != nil {
+		return nil, err
+	}
+	s.scheduleRefund(ctx, r)
+	return r, nil
+}
