@@ -302,6 +302,10 @@ func TestParseNotificationSignature(t *testing.T) {
 		t.Errorf("upper-case hex signature: %v", err)
 	}
 
+	// Signed by the right key and valid JSON once the padding is skipped:
+	// only the size limit refuses it.
+	oversized := append([]byte(strings.Repeat(" ", sandbox.MaxNotificationBytes)), body...)
+
 	tampered := []byte(strings.Replace(string(body), `"12.50"`, `"1.50"`, 1))
 	if string(tampered) == string(body) {
 		t.Fatalf("amount not found in %s", body)
@@ -320,6 +324,7 @@ func TestParseNotificationSignature(t *testing.T) {
 		"NoSignature":    {http.Header{}, body},
 		"Truncated":      {truncated, body},
 		"NotHex":         {notHex, body},
+		"Oversized":      {sandbox.SignedBody(secret, oversized), oversized},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
