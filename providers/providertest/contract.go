@@ -646,6 +646,12 @@ func (s *suite) testClosePayment(t *testing.T) {
 	if err := s.p.ClosePayment(ctxFor(t), orderNo); err != nil {
 		t.Errorf("ClosePayment again: %v, want no error", err)
 	}
+
+	// Closing a paid trade must not look like success: the close path would
+	// then close an order whose buyer has paid.
+	paid := s.paid(t, 1250)
+	s.wantKind(t, "ClosePayment of a paid trade", s.p.ClosePayment(ctxFor(t), paid.OrderNo), providers.Rejected)
+
 	if !s.h.SupportsQueryPayment {
 		return
 	}
