@@ -127,9 +127,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	hc := api.GetHttpClient()
 	hc.SetTimeout(timeout)
-	if gw != nil {
-		hc.SetTransport(&gatewayTransport{target: gw, base: http.DefaultTransport.(*http.Transport).Clone()})
-	}
+	hc.SetTransport(&transport{target: gw, base: http.DefaultTransport.(*http.Transport).Clone()})
 	return &Client{appID: appID, pub: pub, gateway: gw, api: api}, nil
 }
 

@@ -65,6 +65,23 @@ func gatewayError(op string, err error) *providers.Error {
 	return e
 }
 
+// callError is gatewayError for a call made with a recorder: a business
+// error must be signed by Alipay when it carries a signature, and always
+// when kami would read it as a success (no trade: nothing to close, no such
+// refund, not paid). Unverified, the outcome stays unknown.
+func (c *Client) callError(op string, err error, rec *recorder) *providers.Error {
+	pe := gatewayError(op, err)
+	if _, biz := goalipay.IsBizError(err); !biz {
+		return pe
+	}
+	present, valid := c.answerSignature(rec.body)
+	if valid || (!present && pe.Code != subTradeNotExist) {
+		return pe
+	}
+	return &providers.Error{Provider: Name, Op: op, Kind: providers.Temporary, Code: "BAD_RESPONSE_SIGNATURE",
+		Message: "business error " + pe.Code + " not signed by Alipay's key"}
+}
+
 // rejected is a refusal decided here, before or after calling the gateway.
 func rejected(op, code, msg string) *providers.Error {
 	return &providers.Error{Provider: Name, Op: op, Kind: providers.Rejected, Code: code, Message: msg}

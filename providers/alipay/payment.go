@@ -71,9 +71,10 @@ func (c *Client) CreatePayment(ctx context.Context, p providers.PaymentRequest) 
 		}
 		action.Kind, action.URL = providers.ActionRedirect, c.payURL(u)
 	case "qr":
-		rsp, err := c.api.TradePrecreate(ctx, bm)
+		rctx, rec := record(ctx)
+		rsp, err := c.api.TradePrecreate(rctx, bm)
 		if err != nil {
-			return providers.PaymentAction{}, gatewayError(opCreate, err)
+			return providers.PaymentAction{}, c.callError(opCreate, err, rec)
 		}
 		if rsp.Response.QrCode == "" {
 			return providers.PaymentAction{}, badAnswer(opCreate, "precreate answered without qr_code")
@@ -93,9 +94,10 @@ func (c *Client) QueryPayment(ctx context.Context, orderNo string) (providers.Tr
 	}
 	bm := make(gopay.BodyMap)
 	bm.Set("out_trade_no", orderNo)
-	rsp, err := c.api.TradeQuery(ctx, bm)
+	rctx, rec := record(ctx)
+	rsp, err := c.api.TradeQuery(rctx, bm)
 	if err != nil {
-		pe := gatewayError(opQueryPayment, err)
+		pe := c.callError(opQueryPayment, err, rec)
 		if pe.Code == subTradeNotExist {
 			return providers.TradeState{Status: providers.TradeNotFound}, nil
 		}
@@ -147,8 +149,9 @@ func (c *Client) ClosePayment(ctx context.Context, orderNo string) error {
 	}
 	bm := make(gopay.BodyMap)
 	bm.Set("out_trade_no", orderNo)
-	if _, err := c.api.TradeClose(ctx, bm); err != nil {
-		pe := gatewayError(opClose, err)
+	rctx, rec := record(ctx)
+	if _, err := c.api.TradeClose(rctx, bm); err != nil {
+		pe := c.callError(opClose, err, rec)
 		if pe.Code == subTradeNotExist {
 			return nil
 		}
@@ -173,9 +176,10 @@ func (c *Client) Refund(ctx context.Context, r providers.RefundRequest) (provide
 	if r.Reason != "" {
 		bm.Set("refund_reason", r.Reason)
 	}
-	rsp, err := c.api.TradeRefund(ctx, bm)
+	rctx, rec := record(ctx)
+	rsp, err := c.api.TradeRefund(rctx, bm)
 	if err != nil {
-		return providers.RefundResult{}, gatewayError(opRefund, err)
+		return providers.RefundResult{}, c.callError(opRefund, err, rec)
 	}
 	if rsp.Response.FundChange == "Y" {
 		return providers.RefundResult{
@@ -205,9 +209,10 @@ func (c *Client) QueryRefund(ctx context.Context, r providers.RefundRequest) (pr
 		return providers.RefundResult{}, err
 	}
 	bm := refundKeys(r)
-	rsp, err := c.api.TradeFastPayRefundQuery(ctx, bm)
+	rctx, rec := record(ctx)
+	rsp, err := c.api.TradeFastPayRefundQuery(rctx, bm)
 	if err != nil {
-		pe := gatewayError(opQueryRefund, err)
+		pe := c.callError(opQueryRefund, err, rec)
 		if pe.Code == subTradeNotExist {
 			return providers.RefundResult{State: providers.RefundNotFound, Detail: subTradeNotExist}, nil
 		}

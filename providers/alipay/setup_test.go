@@ -18,13 +18,22 @@ import (
 
 // appKey is the app's key pair, made once: RSA key generation is the slow
 // part of setting up an emulator.
-var appKey = sync.OnceValue(func() *rsa.PrivateKey {
+var appKey = sync.OnceValue(newKey)
+
+// gatewayKey is the emulators' "Alipay" key, shared for the same reason;
+// every emulator still keeps its own trades.
+var gatewayKey = sync.OnceValue(newKey)
+
+// forgeKey signs the forgeries.
+var forgeKey = sync.OnceValue(newKey)
+
+func newKey() *rsa.PrivateKey {
 	k, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		panic(err)
 	}
 	return k
-})
+}
 
 func appKeyPEM() string {
 	return string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(appKey())}))
@@ -55,8 +64,10 @@ func setup(t testing.TB, opts ...setupOpts) *bundle {
 	}
 	emu, err := alipayemu.New(alipayemu.Options{
 		AppPublicKey: &appKey().PublicKey,
+		GatewayKey:   gatewayKey(),
+		ForgeKey:     forgeKey(),
 		Hold:         5 * time.Second,
-		Slow:         150 * time.Millisecond,
+		Slow:         100 * time.Millisecond,
 		Now:          o.now,
 	})
 	if err != nil {

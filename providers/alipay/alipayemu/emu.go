@@ -56,6 +56,9 @@ type Options struct {
 	AppPublicKey *rsa.PublicKey
 	// GatewayKey signs answers and notifications. Nil: generated.
 	GatewayKey *rsa.PrivateKey
+	// ForgeKey signs forgeries (Forge, FaultBadSignature); it must not be
+	// GatewayKey. Nil: generated on first use.
+	ForgeKey *rsa.PrivateKey
 	// Hold is how long a timeout fault keeps a request when the client
 	// does not give up first. Default 10s.
 	Hold time.Duration
@@ -124,18 +127,19 @@ const (
 // New makes an emulator. Generating keys is the only thing that can fail.
 func New(opts Options) (*Server, error) {
 	s := &Server{
-		appID:   opts.AppID,
-		appPub:  opts.AppPublicKey,
-		key:     opts.GatewayKey,
-		hold:    opts.Hold,
-		slow:    opts.Slow,
-		now:     opts.Now,
-		trades:  map[string]*trade{},
-		byNo:    map[string]*trade{},
-		refunds: map[string]*refund{},
-		calls:   map[string]int{},
-		methods: map[string]int{},
-		faults:  map[providertest.Op]fault{},
+		appID:    opts.AppID,
+		appPub:   opts.AppPublicKey,
+		key:      opts.GatewayKey,
+		forgeKey: opts.ForgeKey,
+		hold:     opts.Hold,
+		slow:     opts.Slow,
+		now:      opts.Now,
+		trades:   map[string]*trade{},
+		byNo:     map[string]*trade{},
+		refunds:  map[string]*refund{},
+		calls:    map[string]int{},
+		methods:  map[string]int{},
+		faults:   map[providertest.Op]fault{},
 	}
 	if s.appID == "" {
 		s.appID = DefaultAppID
@@ -154,6 +158,9 @@ func New(opts Options) (*Server, error) {
 		if s.key, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
 			return nil, fmt.Errorf("alipayemu: gateway key: %w", err)
 		}
+	}
+	if s.forgeKey != nil && s.forgeKey.Equal(s.key) {
+		return nil, fmt.Errorf("alipayemu: ForgeKey is the gateway key")
 	}
 	if s.appPub == nil {
 		appKey, err := rsa.GenerateKey(rand.Reader, 2048)

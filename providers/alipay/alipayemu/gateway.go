@@ -119,7 +119,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case FaultGarbage:
 		w.Header().Set("Content-Type", "text/html")
-		io.WriteString(w, "<html><body>系统繁忙，请稍后再试</body></html>")
+		io.WriteString(w, "<html><body>upstream proxy garbage</body></html>")
 		return
 	case providertest.FaultSlow:
 		s.holdForAtMost(r.Context(), s.slow)

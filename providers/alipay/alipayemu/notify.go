@@ -14,6 +14,9 @@ import (
 // forger is a key that is not the gateway's, made on first use.
 func (s *Server) forger() keySigner {
 	s.forgeOnce.Do(func() {
+		if s.forgeKey != nil {
+			return
+		}
 		k, err := rsa.GenerateKey(rand.Reader, 2048)
 		if err != nil {
 			panic(fmt.Sprintf("alipayemu: forge key: %v", err))
