@@ -256,7 +256,7 @@ func TestAnswersMustBeSignedByThePlatform(t *testing.T) {
 	b := setup(t, setupOptions{})
 	ctx := t.Context()
 	paid(t, b, "MITM000001", 100)
-	b.emu.SignAnswersWith(b.keys.stranger)
+	b.emu.SignAnswersWith(b.keys.stranger, "")
 
 	_, err := b.client.CreatePayment(ctx, payment(t, "MITM000002", 100))
 	wantErr(t, "create, answer signed by a stranger", err, providers.Temporary, "")
@@ -275,7 +275,20 @@ func TestAnswersMustBeSignedByThePlatform(t *testing.T) {
 	err = b.client.ClosePayment(ctx, "MITM000004")
 	wantErr(t, "close, ORDER_NOT_EXIST signed by a stranger", err, providers.Temporary, "")
 
-	b.emu.SignAnswersWith(nil)
+	// An answer under a serial gopay has no key for must not send gopay
+	// to download platform certificates.
+	for _, serial := range []string{"5157F09EFDC096DE15EBE81A47057A72", "PUB_KEY_ID_0000000000000000000000000000000000"} {
+		b.emu.SignAnswersWith(b.keys.platform, serial)
+		_, err = b.client.QueryPayment(ctx, "MITM000001")
+		wantErr(t, "answer under serial "+serial, err, providers.Temporary, "")
+		err = b.client.ClosePayment(ctx, "MITM000005")
+		wantErr(t, "ORDER_NOT_EXIST under serial "+serial, err, providers.Temporary, "")
+	}
+	if u := b.emu.UnknownRequests(); len(u) != 0 {
+		t.Errorf("the client made calls of its own: %v", u)
+	}
+
+	b.emu.SignAnswersWith(nil, "")
 	if st, err := b.client.QueryPayment(ctx, "MITM000001"); err != nil || st.Status != providers.TradePaid {
 		t.Errorf("with the real key again: %+v, %v", st, err)
 	}
@@ -342,10 +355,10 @@ func TestErrorsDoNotLeak(t *testing.T) {
 	b.emu.InjectFault(providertest.OpRefund, providertest.FaultBusiness, 1)
 	_, err := b.client.Refund(ctx, providers.RefundRequest{RefundNo: "LEAKR1", OrderNo: "LEAK000001", RefundFen: 100, TotalFen: 100})
 	errs = append(errs, err)
-	b.emu.SignAnswersWith(b.keys.stranger)
+	b.emu.SignAnswersWith(b.keys.stranger, "")
 	_, err = b.client.QueryPayment(ctx, "LEAK000001")
 	errs = append(errs, err)
-	b.emu.SignAnswersWith(nil)
+	b.emu.SignAnswersWith(nil, "")
 	b.emu.InjectFault(providertest.OpQueryPayment, providertest.Fault5xx, 2)
 	for range 2 {
 		_, err = b.client.QueryPayment(ctx, "LEAK000001")

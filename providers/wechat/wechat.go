@@ -4,7 +4,7 @@
 // It uses the "WeChat Pay public key" mode: responses and notifications are
 // verified with the platform public key and its ID (PUB_KEY_ID_...), never
 // with downloaded platform certificates, so the client makes no call of its
-// own behind kami's back.
+// own behind kami's back (see noCertDownload).
 package wechat
 
 import (
@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -148,7 +149,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	// gopay has a host setter (SetProxyHost): no transport rewriting needed.
 	gp.SetProxyHost(base)
-	gp.GetHttpClient().SetTimeout(timeout)
+	hc := gp.GetHttpClient()
+	hc.SetTimeout(timeout)
+	hc.SetTransport(noCertDownload{next: hc.HttpClient.Transport})
 
 	return &Client{
 		appID:       cfg.AppID,
@@ -160,6 +163,20 @@ func New(cfg Config) (*Client, error) {
 		gp:          gp,
 		now:         time.Now,
 	}, nil
+}
+
+// noCertDownload stops gopay's one call of its own: when an answer names a
+// serial it has no key for (and not PUB_KEY_ID_...), gopay goes to download
+// platform certificates from /v3/certificates, signed with the merchant key,
+// and would trust whatever comes back. In public key mode that answer is
+// simply unverified; the call then fails as Temporary.
+type noCertDownload struct{ next http.RoundTripper }
+
+func (t noCertDownload) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/v3/certificates") {
+		return nil, errors.New("wechat: platform certificate download refused: public key mode")
+	}
+	return t.next.RoundTrip(r)
 }
 
 // Name implements providers.Provider.

@@ -92,6 +92,8 @@ type Server struct {
 	seq       int
 	fiveXX    int
 	answerKey *rsa.PrivateKey // when set, answers are signed with it instead
+	answerID  string          // and name this serial
+	unknown   []string        // requests to paths the gateway does not serve
 	otherKey  *rsa.PrivateKey // the forger's key, made when first needed
 }
 
@@ -185,11 +187,20 @@ func (s *Server) InjectFault(op providertest.Op, f providertest.Fault, n int) {
 }
 
 // SignAnswersWith makes the gateway sign its answers with k instead of the
-// platform key, as a man in the middle would; nil restores the real key.
-func (s *Server) SignAnswersWith(k *rsa.PrivateKey) {
+// platform key and name serial as its ID, as a man in the middle would; nil
+// and "" restore the real ones.
+func (s *Server) SignAnswersWith(k *rsa.PrivateKey, serial string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.answerKey = k
+	s.answerKey, s.answerID = k, serial
+}
+
+// UnknownRequests lists the requests ("METHOD /path") to paths the gateway
+// does not serve, such as a client fetching /v3/certificates.
+func (s *Server) UnknownRequests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.unknown...)
 }
 
 func (s *Server) takeFault(op providertest.Op) providertest.Fault {
@@ -402,13 +413,16 @@ func (s *Server) write5xx(w http.ResponseWriter) {
 // by the platform key over timestamp\nnonce\nbody\n.
 func (s *Server) writeSigned(w http.ResponseWriter, status int, body []byte) {
 	s.mu.Lock()
-	key := s.answerKey
+	key, serial := s.answerKey, s.answerID
 	s.mu.Unlock()
 	if key == nil {
 		key = s.opts.PlatformKey
 	}
+	if serial == "" {
+		serial = s.opts.PlatformKeyID
+	}
 	h := w.Header()
-	for k, v := range s.signatureHeaders(key, s.opts.PlatformKeyID, s.opts.Now(), body) {
+	for k, v := range s.signatureHeaders(key, serial, s.opts.Now(), body) {
 		h[k] = v
 	}
 	h.Set("Request-ID", randomHex(16))

@@ -60,6 +60,9 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v3/refund/domestic/refunds", s.handle(providertest.OpRefund, s.refund))
 	m.HandleFunc("GET /v3/refund/domestic/refunds/{no}", s.handle(providertest.OpQueryRefund, s.queryRefund))
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.unknown = append(s.unknown, r.Method+" "+r.URL.Path)
+		s.mu.Unlock()
 		s.writeError(w, errorf(http.StatusNotFound, "NOT_FOUND", "no such API"))
 	})
 	s.mux = m
