@@ -1,8 +1,15 @@
 // Package alipay is the Alipay open-platform provider, built on the gopay
 // Alipay client (RSA2, public-key mode). It speaks to the gateway for QR
 // payments, queries, closes and refunds, builds signed page/wap pay URLs
-// locally, verifies asynchronous notifications with Alipay's public key and
-// verifies the signature of every successful gateway answer.
+// locally, and verifies with Alipay's public key the asynchronous
+// notifications, every successful answer (gopay does that) and every signed
+// business error (we do: gopay does not, and ACQ.TRADE_NOT_EXIST taken on
+// trust would read "nothing to close" or "never paid").
+//
+// Errors are *providers.Error only. gopay returns an error for a business
+// failure (code != 10000); that becomes Rejected with Alipay's sub_code,
+// except Alipay's "try again" codes (ACQ.SYSTEM_ERROR, isp.*, code 20000),
+// which, like timeouts, transport failures and HTTP errors, are Temporary.
 package alipay
 
 import (
