@@ -122,16 +122,16 @@ func TestRefusesUnauthenticatedRequests(t *testing.T) {
 		v   url.Values
 		sub string
 	}{
-		"Unsigned":    {good(), "isv.missing-signature"},
-		"OtherKey":    {f.sign(good(), testKeys()[2]), "isv.invalid-signature"},
-		"GatewayKey":  {f.sign(good(), testKeys()[1]), "isv.invalid-signature"},
-		"OtherApp":    {func() url.Values { v := good(); v.Set("app_id", OtherAppID); return f.sign(v, f.app) }(), "isv.invalid-app-id"},
-		"RSA1":        {func() url.Values { v := good(); v.Set("sign_type", "RSA"); return f.sign(v, f.app) }(), "isv.invalid-signature-type"},
-		"Tampered":    {func() url.Values { v := f.sign(good(), f.app); v.Set("biz_content", `{"out_trade_no":"O2"}`); return v }(), "isv.invalid-signature"},
+		"Unsigned":      {good(), "isv.missing-signature"},
+		"OtherKey":      {f.sign(good(), testKeys()[2]), "isv.invalid-signature"},
+		"GatewayKey":    {f.sign(good(), testKeys()[1]), "isv.invalid-signature"},
+		"OtherApp":      {func() url.Values { v := good(); v.Set("app_id", OtherAppID); return f.sign(v, f.app) }(), "isv.invalid-app-id"},
+		"RSA1":          {func() url.Values { v := good(); v.Set("sign_type", "RSA"); return f.sign(v, f.app) }(), "isv.invalid-signature-type"},
+		"Tampered":      {func() url.Values { v := f.sign(good(), f.app); v.Set("biz_content", `{"out_trade_no":"O2"}`); return v }(), "isv.invalid-signature"},
 		"VersionEdited": {func() url.Values { v := f.sign(good(), f.app); v.Set("version", "2.0"); return v }(), "isv.invalid-signature"},
-		"Repeated":    {func() url.Values { v := f.sign(good(), f.app); v.Add("app_id", f.appID); return v }(), "isv.invalid-parameter"},
-		"NoMethod":    {func() url.Values { v := good(); v.Del("method"); return f.sign(v, f.app) }(), "isv.missing-method"},
-		"NoTimestamp": {func() url.Values { v := good(); v.Set("timestamp", "yesterday"); return f.sign(v, f.app) }(), "isv.invalid-timestamp"},
+		"Repeated":      {func() url.Values { v := f.sign(good(), f.app); v.Add("app_id", f.appID); return v }(), "isv.invalid-parameter"},
+		"NoMethod":      {func() url.Values { v := good(); v.Del("method"); return f.sign(v, f.app) }(), "isv.missing-method"},
+		"NoTimestamp":   {func() url.Values { v := good(); v.Set("timestamp", "yesterday"); return f.sign(v, f.app) }(), "isv.invalid-timestamp"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
