@@ -1,0 +1,247 @@
+package domain
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/uptrace/bun"
+)
+
+// Read-only queries for the admin lists and the GraphQL dataloaders. Each
+// list is a keyset page whose order matches an index, so a page costs the
+// same however deep it is; each batch loader is one query for any number
+// of keys.
+
+// MaxPageSize caps every list page.
+const MaxPageSize = 100
+
+// Keyset is a position in a list ordered by (At, ID) descending: the last
+// row of one page, from which the next page starts. The zero Keyset is the
+// start of the list.
+type Keyset struct {
+	At time.Time
+	ID int64
+}
+
+// IsZero reports whether k is the start of a list.
+func (k Keyset) IsZero() bool { return k.ID == 0 && k.At.IsZero() }
+
+// OrderFilter selects orders for the admin list. Zero fields select all.
+type OrderFilter struct {
+	Status    OrderStatus
+	ProductID int64
+	Contact   string
+	// CreatedFrom and CreatedBefore bound created_at to [from, before).
+	CreatedFrom   time.Time
+	CreatedBefore time.Time
+}
+
+// OrderPage is one page of orders, newest first.
+type OrderPage struct {
+	Orders  []Order
+	HasNext bool
+}
+
+func clampLimit(limit int) (int, error) {
+	if limit < 0 {
+		return 0, Errorf(EBADINPUT, "first must not be negative")
+	}
+	if limit == 0 || limit > MaxPageSize {
+		return 0, Errorf(EBADINPUT, "first must be 1 to %d", MaxPageSize)
+	}
+	return limit, nil
+}
+
+// afterKeyset continues a (created_at DESC, id DESC) list after k.
+func afterKeyset(q *bun.SelectQuery, k Keyset) *bun.SelectQuery {
+	if k.IsZero() {
+		return q
+	}
+	at := k.At.UTC()
+	return q.Where("(created_at < ? OR (created_at = ? AND id < ?))", at, at, k.ID)
+}
+
+// ListOrders pages through orders newest first by (created_at, id). Every
+// filter is served by an index that starts with its column: (status,
+// created_at), (product_id, created_at), (contact, status). BAD_INPUT for a
+// page size outside 1..MaxPageSize or an unknown status.
+func (l *Ledger) ListOrders(ctx context.Context, f OrderFilter, after Keyset, limit int) (*OrderPage, error) {
+	limit, err := clampLimit(limit)
+	if err != nil {
+		return nil, err
+	}
+	if f.Status != "" && !slices.Contains(OrderStatuses, f.Status) {
+		return nil, Errorf(EBADINPUT, "unknown order status %q", f.Status)
+	}
+	var os []Order
+	q := l.db.NewSelect().Model(&os)
+	if f.Status != "" {
+		q = q.Where("status = ?", f.Status)
+	}
+	if f.ProductID != 0 {
+		q = q.Where("product_id = ?", f.ProductID)
+	}
+	if f.Contact != "" {
+		q = q.Where("contact = ?", f.Contact)
+	}
+	if !f.CreatedFrom.IsZero() {
+		q = q.Where("created_at >= ?", f.CreatedFrom.UTC())
+	}
+	if !f.CreatedBefore.IsZero() {
+		q = q.Where("created_at < ?", f.CreatedBefore.UTC())
+	}
+	q = afterKeyset(q, after).OrderExpr("created_at DESC, id DESC").Limit(int64(limit + 1))
+	if err := q.Scan(ctx); err != nil {
+		return nil, err
+	}
+	page := &OrderPage{Orders: os}
+	if len(os) > limit {
+		page.Orders, page.HasNext = os[:limit], true
+	}
+	return page, nil
+}
+
+// CardPage is one page of cards, newest first.
+type CardPage struct {
+	Cards   []Card
+	HasNext bool
+}
+
+// ListCards pages through cards by id descending, after the card with id
+// afterID (0: from the newest). productID and status filter when non-zero;
+// with a product the (product_id, status, id) index serves the scan.
+// BAD_INPUT for a bad page size or status.
+func (l *Ledger) ListCards(ctx context.Context, productID int64, status CardStatus, afterID int64, limit int) (*CardPage, error) {
+	limit, err := clampLimit(limit)
+	if err != nil {
+		return nil, err
+	}
+	if status != "" && !slices.Contains(CardStatuses, status) {
+		return nil, Errorf(EBADINPUT, "unknown card status %q", status)
+	}
+	var cs []Card
+	q := l.db.NewSelect().Model(&cs)
+	if productID != 0 {
+		q = q.Where("product_id = ?", productID)
+	}
+	if status != "" {
+		q = q.Where("status = ?", status)
+	}
+	if afterID > 0 {
+		q = q.Where("id < ?", afterID)
+	}
+	if err := q.OrderExpr("id DESC").Limit(int64(limit + 1)).Scan(ctx); err != nil {
+		return nil, err
+	}
+	page := &CardPage{Cards: cs}
+	if len(cs) > limit {
+		page.Cards, page.HasNext = cs[:limit], true
+	}
+	return page, nil
+}
+
+// CardCode opens a card's code. Callers must have checked the caller is an
+// admin.
+func (l *Ledger) CardCode(c *Card) (string, error) {
+	code, err := l.sealer.Open(c.ProductID, c.CodeEnc)
+	if err != nil {
+		return "", fmt.Errorf("card %d: %w", c.ID, err)
+	}
+	return code, nil
+}
+
+// RefundPage is one page of refunds, newest first.
+type RefundPage struct {
+	Refunds []Refund
+	HasNext bool
+}
+
+// ListRefunds pages through refunds newest first by (created_at, id); a
+// status filter is served by the (status, created_at) index. BAD_INPUT for a
+// bad page size or status.
+func (l *Ledger) ListRefunds(ctx context.Context, status RefundStatus, after Keyset, limit int) (*RefundPage, error) {
+	limit, err := clampLimit(limit)
+	if err != nil {
+		return nil, err
+	}
+	if status != "" && !slices.Contains(RefundStatuses, status) {
+		return nil, Errorf(EBADINPUT, "unknown refund status %q", status)
+	}
+	var rs []Refund
+	q := l.db.NewSelect().Model(&rs)
+	if status != "" {
+		q = q.Where("status = ?", status)
+	}
+	q = afterKeyset(q, after).OrderExpr("created_at DESC, id DESC").Limit(int64(limit + 1))
+	if err := q.Scan(ctx); err != nil {
+		return nil, err
+	}
+	page := &RefundPage{Refunds: rs}
+	if len(rs) > limit {
+		page.Refunds, page.HasNext = rs[:limit], true
+	}
+	return page, nil
+}
+
+// --- batch loaders ----------------------------------------------------------
+
+// ProductsByID returns the products with the given ids in one query; ids
+// with no product are missing from the map.
+func (l *Ledger) ProductsByID(ctx context.Context, ids []int64) (map[int64]*Product, error) {
+	out := make(map[int64]*Product, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	var ps []Product
+	if err := l.db.NewSelect().Model(&ps).Where("id IN (?)", bun.In(ids)).Scan(ctx); err != nil {
+		return nil, err
+	}
+	for i := range ps {
+		out[ps[i].ID] = &ps[i]
+	}
+	return out, nil
+}
+
+// OrdersByNo returns the orders with the given numbers in one query;
+// numbers with no order are missing from the map.
+func (l *Ledger) OrdersByNo(ctx context.Context, orderNos []string) (map[string]*Order, error) {
+	out := make(map[string]*Order, len(orderNos))
+	if len(orderNos) == 0 {
+		return out, nil
+	}
+	var os []Order
+	if err := l.db.NewSelect().Model(&os).Where("order_no IN (?)", bun.In(orderNos)).Scan(ctx); err != nil {
+		return nil, err
+	}
+	for i := range os {
+		out[os[i].OrderNo] = &os[i]
+	}
+	return out, nil
+}
+
+// SoldCodes returns the codes of the SOLD cards of the given orders, opened,
+// in card order, in one query (the (order_no, status) index). An order that
+// sold nothing is missing from the map. Callers must have checked, for each
+// order, that the caller is its buyer or an admin and that it was delivered.
+func (l *Ledger) SoldCodes(ctx context.Context, orderNos []string) (map[string][]string, error) {
+	out := make(map[string][]string, len(orderNos))
+	if len(orderNos) == 0 {
+		return out, nil
+	}
+	var cards []Card
+	if err := l.db.NewSelect().Model(&cards).Column("id", "product_id", "order_no", "code_enc").
+		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", CardSold).
+		Order("id").Scan(ctx); err != nil {
+		return nil, err
+	}
+	for i := range cards {
+		code, err := l.CardCode(&cards[i])
+		if err != nil {
+			return nil, err
+		}
+		out[cards[i].OrderNo] = append(out[cards[i].OrderNo], code)
+	}
+	return out, nil
+}
