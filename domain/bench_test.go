@@ -1,0 +1,101 @@
+package domain_test
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+)
+
+// Benchmarks of the ledger's two hot transactions on PostgreSQL (MySQL with
+// -kind=mysql is left out for brevity; dbtest picks the server):
+//
+//	go test -run '^$' -bench 'PlaceOrder|CloseOrders' -benchtime 5000x ./domain/
+//
+// Both report orders/s over the whole run, with parallel callers (the
+// number of goroutines is GOMAXPROCS × -cpu's parallelism, here 8 per core).
+
+func benchLedger(b *testing.B, cards int) (*bundle, *domain.Product) {
+	db := dbtest.Open(b, dbtest.Postgres)
+	bd := setup(b, db, domain.Config{MaxPendingPerContact: 0, MaxPendingPerAddress: 0})
+	p := bd.product(b, 100, 0)
+	for start := 0; start < cards; start += domain.MaxCodesPerCall {
+		codes := make([]string, 0, domain.MaxCodesPerCall)
+		for i := start; i < min(start+domain.MaxCodesPerCall, cards); i++ {
+			codes = append(codes, codeFor(p.ID, i))
+		}
+		if _, err := bd.ledger.ImportCards(bd.ctx, p.ID, codes, "bench"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return bd, p
+}
+
+func BenchmarkPlaceOrder(b *testing.B) {
+	bd, p := benchLedger(b, b.N+100)
+	var i atomic.Int64
+	b.SetParallelism(8)
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			n := i.Add(1)
+			if _, err := bd.ledger.PlaceOrder(bd.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
+				Contact: fmt.Sprintf("bench-%d", n), Provider: "sandbox"}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "orders/s")
+}
+
+// BenchmarkCloseOrders closes due orders in the close worker's batches
+// (-batch sizes 1 and 500).
+func BenchmarkCloseOrders(b *testing.B) {
+	for _, batch := range []int{1, 500} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			bd, p := benchLedger(b, b.N)
+			nos := make([]string, b.N)
+			for i := range nos {
+				placed, err := bd.ledger.PlaceOrder(bd.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: "c", Provider: "sandbox"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				nos[i] = placed.Order.OrderNo
+			}
+			bd.clock.Advance(time.Hour)
+			var next atomic.Int64
+			b.SetParallelism(2)
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					// Each Next is one order; a goroutine closes a batch
+					// when it has taken batch orders' worth of iterations.
+					from := int(next.Add(1)) - 1
+					if from%batch != 0 {
+						continue
+					}
+					to := min(from+batch, len(nos))
+					rs, err := bd.ledger.CloseOrders(bd.ctx, nos[from:to], domain.CloseTimeout)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					for _, r := range rs {
+						if r.Outcome != domain.Closed {
+							b.Errorf("%s: %s", r.OrderNo, r.Outcome)
+						}
+					}
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "closes/s")
+			bd.mustAudit(b)
+		})
+	}
+}
