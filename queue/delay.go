@@ -1,0 +1,171 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MaxClaim caps one claim (the script unpacks the members onto Lua's stack).
+const MaxClaim = 2000
+
+// DelayQueue is a Redis ZSET of members scored by due time (unix ms) with a
+// lease set beside it. A claim moves due members into the lease set in one
+// atomic call; the worker acks them once their effect is committed in the
+// database; a member whose worker never acks (crash, kill -9) is put back by
+// Recover once its lease expires.
+type DelayQueue struct {
+	rdb   redis.UniversalClient
+	queue string
+	lease string
+}
+
+// NewDelayQueue returns the queue at key queue with its lease set at lease;
+// both must share a hash tag (see Keys).
+func NewDelayQueue(rdb redis.UniversalClient, queue, lease string) *DelayQueue {
+	return &DelayQueue{rdb: rdb, queue: queue, lease: lease}
+}
+
+// CloseQueue is the order-close queue under keys.
+func CloseQueue(rdb redis.UniversalClient, keys Keys) *DelayQueue {
+	return NewDelayQueue(rdb, keys.CloseQueue(), keys.CloseLease())
+}
+
+// RefundQueue is the refund-retry queue under keys.
+func RefundQueue(rdb redis.UniversalClient, keys Keys) *DelayQueue {
+	return NewDelayQueue(rdb, keys.RefundQueue(), keys.RefundLease())
+}
+
+// Key is the queue's ZSET key.
+func (q *DelayQueue) Key() string { return q.queue }
+
+// LeaseKey is the lease set's key.
+func (q *DelayQueue) LeaseKey() string { return q.lease }
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMS(v float64) time.Time { return time.UnixMilli(int64(v)).UTC() }
+
+// Schedule puts member on the queue, due at due. Scheduling again moves
+// its due time; it never makes a second task.
+func (q *DelayQueue) Schedule(ctx context.Context, member string, due time.Time) error {
+	return q.rdb.ZAdd(ctx, q.queue, redis.Z{Score: float64(ms(due)), Member: member}).Err()
+}
+
+// Item is a member and its due time.
+type Item struct {
+	Member string
+	Due    time.Time
+}
+
+// ScheduleIfAbsent adds the items that are neither queued nor leased, in
+// one call per 1000 items, and reports how many were added.
+func (q *DelayQueue) ScheduleIfAbsent(ctx context.Context, items []Item) (int, error) {
+	added := 0
+	for start := 0; start < len(items); start += 1000 {
+		part := items[start:min(start+1000, len(items))]
+		args := make([]any, 0, 2*len(part))
+		for _, it := range part {
+			args = append(args, ms(it.Due), it.Member)
+		}
+		n, err := scheduleIfAbsentScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, args...).Int()
+		if err != nil {
+			return added, err
+		}
+		added += n
+	}
+	return added, nil
+}
+
+// Cancel removes member from the queue and from the lease set.
+func (q *DelayQueue) Cancel(ctx context.Context, member string) error {
+	return cancelScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, member).Err()
+}
+
+// Claimed is what one claim took: its members, held until Until.
+type Claimed struct {
+	Members []string
+	Until   time.Time
+}
+
+// Claim moves up to n members due at now into the lease set, held for
+// lease, and returns them earliest due first. Each due member goes to
+// exactly one claimer.
+func (q *DelayQueue) Claim(ctx context.Context, now time.Time, n int, lease time.Duration) (Claimed, error) {
+	n = min(max(n, 1), MaxClaim)
+	until := now.Add(lease).Truncate(time.Millisecond)
+	res, err := claimScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, ms(now), n, ms(until)).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Claimed{}, err
+	}
+	return Claimed{Members: res, Until: until}, nil
+}
+
+// Ack removes finished members from the lease set, if they are still held
+// under c's lease, and reports how many were removed.
+func (q *DelayQueue) Ack(ctx context.Context, until time.Time, members ...string) (int, error) {
+	if len(members) == 0 {
+		return 0, nil
+	}
+	args := make([]any, 0, len(members)+1)
+	args = append(args, ms(until))
+	for _, m := range members {
+		args = append(args, m)
+	}
+	return ackScript.Run(ctx, q.rdb, []string{q.lease}, args...).Int()
+}
+
+// Recover puts every member whose lease ended at or before now back on the
+// queue and reports how many.
+func (q *DelayQueue) Recover(ctx context.Context, now time.Time) (int, error) {
+	total := 0
+	for {
+		n, err := recoverScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, ms(now), 1000).Int()
+		total += n
+		if err != nil || n < 1000 {
+			return total, err
+		}
+	}
+}
+
+// NextDue returns the earliest due time on the queue; ok is false when the
+// queue is empty.
+func (q *DelayQueue) NextDue(ctx context.Context) (due time.Time, ok bool, err error) {
+	zs, err := q.rdb.ZRangeWithScores(ctx, q.queue, 0, 0).Result()
+	if err != nil || len(zs) == 0 {
+		return time.Time{}, false, err
+	}
+	return fromMS(zs[0].Score), true, nil
+}
+
+// QueueStats describes a queue for metrics.
+type QueueStats struct {
+	Backlog int64 // members on the queue (due or not)
+	Due     int64 // members due at now
+	Leased  int64 // members claimed and not yet acked
+	// OldestOverdue is how long the earliest due member has waited past its
+	// due time; 0 when nothing is due.
+	OldestOverdue time.Duration
+}
+
+// Stats reads the queue's size and lag in one round trip.
+func (q *DelayQueue) Stats(ctx context.Context, now time.Time) (QueueStats, error) {
+	pipe := q.rdb.Pipeline()
+	backlog := pipe.ZCard(ctx, q.queue)
+	due := pipe.ZCount(ctx, q.queue, "-inf", strconv.FormatInt(ms(now), 10))
+	leased := pipe.ZCard(ctx, q.lease)
+	head := pipe.ZRangeWithScores(ctx, q.queue, 0, 0)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return QueueStats{}, err
+	}
+	s := QueueStats{Backlog: backlog.Val(), Due: due.Val(), Leased: leased.Val()}
+	if zs := head.Val(); len(zs) > 0 {
+		if d := now.Sub(fromMS(zs[0].Score)); d > 0 {
+			s.OldestOverdue = d
+		}
+	}
+	return s, nil
+}

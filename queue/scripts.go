@@ -1,0 +1,132 @@
+package queue
+
+import "github.com/redis/go-redis/v9"
+
+// Every Lua script kami runs. Scores are unix milliseconds; "now" always
+// comes from the caller (the ledger's clock), so tests control time and every
+// process judges due-ness by the same clock as the database.
+
+// claimScript moves up to ARGV[2] due members of a queue into its lease set,
+// atomically: no two callers ever get the same member.
+//
+// KEYS[1] queue ZSET, KEYS[2] lease ZSET (same hash tag)
+// ARGV[1] now (ms), ARGV[2] max members, ARGV[3] lease deadline (ms)
+// Returns the claimed members, earliest due first.
+var claimScript = redis.NewScript(`
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #due == 0 then return due end
+local args = {}
+for i, m in ipairs(due) do
+	args[2*i-1] = ARGV[3]
+	args[2*i] = m
+end
+redis.call('ZREM', KEYS[1], unpack(due))
+redis.call('ZADD', KEYS[2], unpack(args))
+return due
+`)
+
+// ackScript removes members from the lease set, but only those still held
+// under the lease the caller claimed them with: a member whose lease expired
+// and that another worker claimed again keeps that worker's lease.
+//
+// KEYS[1] lease ZSET
+// ARGV[1] lease deadline (ms) the members were claimed with, ARGV[2..] members
+// Returns the number of members removed.
+var ackScript = redis.NewScript(`
+local n = 0
+for i = 2, #ARGV do
+	local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+	if s and tonumber(s) == tonumber(ARGV[1]) then
+		n = n + redis.call('ZREM', KEYS[1], ARGV[i])
+	end
+end
+return n
+`)
+
+// recoverScript puts members whose lease expired back on the queue, due at
+// once; a member already back on the queue (rescheduled by its worker) keeps
+// its queue score.
+//
+// KEYS[1] queue ZSET, KEYS[2] lease ZSET
+// ARGV[1] now (ms), ARGV[2] max members per call
+// Returns the number of members moved.
+var recoverScript = redis.NewScript(`
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local n = 0
+for i = 1, #expired, 2 do
+	redis.call('ZADD', KEYS[1], 'NX', expired[i+1], expired[i])
+	redis.call('ZREM', KEYS[2], expired[i])
+	n = n + 1
+end
+return n
+`)
+
+// scheduleIfAbsentScript adds members that are neither queued nor leased
+// (the sweeper's rebuild: a task being worked on is not added twice, and a
+// queued task keeps its score).
+//
+// KEYS[1] queue ZSET, KEYS[2] lease ZSET
+// ARGV[1], ARGV[2], ...: score, member pairs
+// Returns the number of members added.
+var scheduleIfAbsentScript = redis.NewScript(`
+local n = 0
+for i = 1, #ARGV, 2 do
+	local m = ARGV[i+1]
+	if not redis.call('ZSCORE', KEYS[2], m) then
+		n = n + redis.call('ZADD', KEYS[1], 'NX', ARGV[i], m)
+	end
+end
+return n
+`)
+
+// cancelScript removes a member from a queue and its lease set.
+//
+// KEYS[1] queue ZSET, KEYS[2] lease ZSET
+// ARGV[1] member
+// Returns the number of entries removed (0 to 2).
+var cancelScript = redis.NewScript(`
+return redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
+`)
+
+// takeScript takes ARGV[1] from a stock counter if at least that many are
+// left.
+//
+// KEYS[1] stock counter
+// ARGV[1] quantity
+// Returns 1 taken, 0 not enough, -1 the counter is missing (the caller
+// rebuilds it from the database and tries again).
+var takeScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return -1 end
+if tonumber(v) >= tonumber(ARGV[1]) then
+	redis.call('DECRBY', KEYS[1], ARGV[1])
+	return 1
+end
+return 0
+`)
+
+// giveBackScript returns ARGV[1] to a stock counter, only if it exists: a
+// missing counter is rebuilt from the database, never created at a value
+// that counts only the give-backs.
+//
+// KEYS[1] stock counter
+// ARGV[1] quantity
+// Returns the new value, or -1 when the counter is missing.
+var giveBackScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+	return redis.call('INCRBY', KEYS[1], ARGV[1])
+end
+return -1
+`)
+
+// unlockScript deletes a lock only if it still holds the caller's token.
+//
+// KEYS[1] lock
+// ARGV[1] token
+// Returns 1 deleted, 0 not ours (expired, taken by another).
+var unlockScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+	return redis.call('DEL', KEYS[1])
+end
+return 0
+`)

@@ -1,0 +1,188 @@
+package queue
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+
+	"kami/domain"
+)
+
+// StockGate is the Redis admission counter in front of the ledger:
+// stock:product:{id} holds how many cards of the product may still be taken.
+// A missing counter (new product, FLUSHALL, restart) is rebuilt from the
+// database's lockable cards by one process at a time, once, however many
+// buyers find it missing together.
+type StockGate struct {
+	rdb  redis.UniversalClient
+	keys Keys
+	// count returns the lockable cards of a product from the database.
+	count func(ctx context.Context, productID int64) (int, error)
+	group singleflight.Group
+	// rebuilds counts the database counts this process made.
+	rebuilds atomic.Int64
+	// RebuildWait bounds how long a take waits for another process to
+	// rebuild a missing counter before reporting the gate unavailable.
+	RebuildWait time.Duration
+}
+
+var _ domain.StockGate = (*StockGate)(nil)
+
+// NewStockGate returns the gate over rdb, rebuilding counters from ledger.
+func NewStockGate(rdb redis.UniversalClient, keys Keys, ledger *domain.Ledger) *StockGate {
+	return newStockGate(rdb, keys, func(ctx context.Context, id int64) (int, error) {
+		cs, err := ledger.StockCounts(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		return cs[id].Lockable, nil
+	})
+}
+
+func newStockGate(rdb redis.UniversalClient, keys Keys, count func(context.Context, int64) (int, error)) *StockGate {
+	return &StockGate{rdb: rdb, keys: keys, count: count, RebuildWait: 3 * time.Second}
+}
+
+// Rebuilds is how many times this process counted a product's stock in the
+// database to rebuild its counter.
+func (g *StockGate) Rebuilds() int64 { return g.rebuilds.Load() }
+
+// Take takes qty from the product's counter if that many are left.
+func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, error) {
+	if qty <= 0 {
+		return false, fmt.Errorf("stock take of %d", qty)
+	}
+	key := g.keys.Stock(productID)
+	for attempt := 0; ; attempt++ {
+		r, err := takeScript.Run(ctx, g.rdb, []string{key}, qty).Int()
+		if err != nil {
+			return false, err
+		}
+		if r >= 0 {
+			return r == 1, nil
+		}
+		if attempt == 2 {
+			return false, fmt.Errorf("stock counter of product %d is still missing after its rebuild", productID)
+		}
+		if err := g.ensure(ctx, productID); err != nil {
+			return false, err
+		}
+	}
+}
+
+// GiveBack returns qty to the product's counter, if the counter exists; a
+// missing one is rebuilt from the database, which already counts the cards.
+func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) error {
+	if qty <= 0 {
+		return nil
+	}
+	return giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID)}, qty).Err()
+}
+
+// Counter reads a product's counter; ok is false when it is missing.
+func (g *StockGate) Counter(ctx context.Context, productID int64) (n int, ok bool, err error) {
+	v, err := g.rdb.Get(ctx, g.keys.Stock(productID)).Int()
+	if errors.Is(err, redis.Nil) {
+		return 0, false, nil
+	}
+	return v, err == nil, err
+}
+
+// Repair sets the product's counter from the database, for the
+// reconciliation. An order in flight while it runs can leave the counter off
+// by its quantity until the next repair; the card lock in the ledger is the
+// real gate either way.
+func (g *StockGate) Repair(ctx context.Context, productID int64) (int, error) {
+	n, err := g.count(ctx, productID)
+	if err != nil {
+		return 0, err
+	}
+	g.rebuilds.Add(1)
+	return n, g.rdb.Set(ctx, g.keys.Stock(productID), n, 0).Err()
+}
+
+// EnsureMissing rebuilds the counters of ids that are missing and reports
+// how many it rebuilt (the sweeper's pass after a Redis loss).
+func (g *StockGate) EnsureMissing(ctx context.Context, ids []int64) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	pipe := g.rdb.Pipeline()
+	exists := make([]*redis.IntCmd, len(ids))
+	for i, id := range ids {
+		exists[i] = pipe.Exists(ctx, g.keys.Stock(id))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i, id := range ids {
+		if exists[i].Val() == 0 {
+			if err := g.ensure(ctx, id); err != nil {
+				return n, err
+			}
+			n++
+		}
+	}
+	return n, nil
+}
+
+// ensure sees to it that the product's counter exists. In this process one
+// caller per product does the work (singleflight); across processes one
+// holds the rebuild lock and counts, the others wait for the counter to
+// appear. The counter is written with SET NX, so a counter that appeared
+// meanwhile is never overwritten.
+func (g *StockGate) ensure(ctx context.Context, productID int64) error {
+	_, err, _ := g.group.Do(strconv.FormatInt(productID, 10), func() (any, error) {
+		return nil, g.rebuild(context.WithoutCancel(ctx), productID)
+	})
+	return err
+}
+
+func (g *StockGate) rebuild(ctx context.Context, productID int64) error {
+	key, lock := g.keys.Stock(productID), g.keys.StockRebuildLock(productID)
+	token := randomToken()
+	deadline := time.Now().Add(g.RebuildWait)
+	for {
+		n, err := g.rdb.Exists(ctx, key).Result()
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			return nil
+		}
+		got, err := g.rdb.SetNX(ctx, lock, token, 10*time.Second).Result()
+		if err != nil {
+			return err
+		}
+		if got {
+			defer unlockScript.Run(ctx, g.rdb, []string{lock}, token)
+			// A counter another process finished just before we locked
+			// stays as it is (SET NX below).
+			cnt, err := g.count(ctx, productID)
+			if err != nil {
+				return fmt.Errorf("count stock of product %d: %w", productID, err)
+			}
+			g.rebuilds.Add(1)
+			return g.rdb.SetNX(ctx, key, cnt, 0).Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stock counter of product %d: another process holds its rebuild for over %s", productID, g.RebuildWait)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func randomToken() string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,649 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/robfig/cron/v3"
+
+	"kami/domain"
+)
+
+// Config tunes the workers. Zero values take the defaults.
+type Config struct {
+	CloseBatch     int           // members per claim and per close transaction; default 500
+	CloseDrainers  int           // close drains running in parallel in this process; default 2
+	RefundBatch    int           // refunds per claim; default 50
+	RefundParallel int           // refund attempts running at once; default 4
+	Lease          time.Duration // how long a claim holds its members; default 30s
+	RecoverEvery   time.Duration // how often expired leases go back; default 5s (cron: at least 1s)
+	SweepEvery     time.Duration // how often the database is swept for lost schedules; default 1m
+	SweepPage      int           // pending orders per sweeper page; default 1000
+	// WakeCap is the longest the close waker sleeps without looking at the
+	// queue's head (members scheduled by other processes); default 200ms.
+	WakeCap    time.Duration
+	MaxBackoff time.Duration // longest pause after Redis or database errors; default 5s
+	// Now is the clock; default the ledger's.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults(l *domain.Ledger) Config {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.CloseBatch, 500)
+	c.CloseBatch = min(c.CloseBatch, MaxClaim)
+	def(&c.CloseDrainers, 2)
+	def(&c.RefundBatch, 50)
+	def(&c.RefundParallel, 4)
+	def(&c.SweepPage, 1000)
+	defD(&c.Lease, 30*time.Second)
+	defD(&c.RecoverEvery, 5*time.Second)
+	defD(&c.SweepEvery, time.Minute)
+	defD(&c.WakeCap, 200*time.Millisecond)
+	defD(&c.MaxBackoff, 5*time.Second)
+	if c.Now == nil {
+		c.Now = func() time.Time { return l.Now() }
+	}
+	return c
+}
+
+// Stats are the workers' counters since start, for the metrics layer.
+type Stats struct {
+	Closed        int64 // orders this process closed (PENDING → CLOSED)
+	Skipped       int64 // claimed orders that had moved on (paid, closed elsewhere)
+	NotDue        int64 // claimed before their expires_at; rescheduled
+	Unknown       int64 // members naming no order or refund: logged and acked
+	CloseErrors   int64 // close batches that failed (their lease brings them back)
+	Refunds       int64 // refund attempts made
+	RefundErrors  int64 // refund attempts that failed with an error
+	Recovered     int64 // members put back after their lease expired
+	Swept         int64 // schedules the sweeper restored
+	SweptClosed   int64 // overdue orders the sweeper closed itself while Redis was down
+	RedisErrors   int64 // Redis calls that failed
+	LatencyCount  int64 // closes with a due-to-closed latency observed
+	LatencySumNS  int64 // sum of those latencies
+	LatencyMaxNS  int64 // the largest one
+	LastSweepRows int64 // pending orders the last sweep read
+}
+
+type counters struct {
+	closed, skipped, notDue, unknown, closeErrors, refunds, refundErrors atomic.Int64
+	recovered, swept, sweptClosed, redisErrors                          atomic.Int64
+	latCount, latSum, latMax, lastSweepRows                             atomic.Int64
+}
+
+// Workers drain the close and refund queues into the ledger, bring back
+// expired leases and rebuild lost schedules from the database. They run in
+// the server process on a robfig cron; several processes may share one Redis
+// and one database: each order's close takes effect once (the ledger's
+// conditional update), each claim goes to one worker.
+type Workers struct {
+	cfg    Config
+	rdb    redis.UniversalClient
+	keys   Keys
+	shop   *domain.Shop
+	ledger *domain.Ledger
+	log    *slog.Logger
+
+	closeQ, refundQ *DelayQueue
+	gate            *StockGate
+
+	// OnClosed, if set before Start, hears the due-to-closed latency of
+	// every order this process closes.
+	OnClosed func(latency time.Duration)
+
+	c        counters
+	cron     *cron.Cron
+	wake     chan struct{}
+	wakeAt   atomic.Int64 // unix ms the waker sleeps until
+	drainMu  sync.Mutex
+	again    atomic.Bool
+	closeBO  backoff
+	refundBO backoff
+
+	ctx     context.Context // work context: cancelled only when Stop gives up waiting
+	cancel  context.CancelFunc
+	stopped chan struct{} // closed when Stop begins: loops end after their batch
+	wg      sync.WaitGroup
+	started bool
+}
+
+// NewWorkers returns the workers for shop's ledger. shop.Scheduler, if it
+// is a *Scheduler, learns to wake the close waker for orders due soon;
+// shop.Gate, if it is a *StockGate, has its missing counters rebuilt by the
+// sweeper.
+func NewWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, shop *domain.Shop, ledger *domain.Ledger, logger *slog.Logger) *Workers {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	cfg = cfg.withDefaults(ledger)
+	w := &Workers{cfg: cfg, rdb: rdb, keys: keys, shop: shop, ledger: ledger, log: logger.With("component", "queue"),
+		closeQ: CloseQueue(rdb, keys), refundQ: RefundQueue(rdb, keys),
+		wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	w.closeBO.max, w.refundBO.max = cfg.MaxBackoff, cfg.MaxBackoff
+	if s, ok := shop.Scheduler.(*Scheduler); ok {
+		s.onSchedule = w.wakeFor
+	}
+	if g, ok := shop.Gate.(*StockGate); ok {
+		w.gate = g
+	}
+	return w
+}
+
+// Stats returns the counters.
+func (w *Workers) Stats() Stats {
+	c := &w.c
+	return Stats{Closed: c.closed.Load(), Skipped: c.skipped.Load(), NotDue: c.notDue.Load(), Unknown: c.unknown.Load(),
+		CloseErrors: c.closeErrors.Load(), Refunds: c.refunds.Load(), RefundErrors: c.refundErrors.Load(),
+		Recovered: c.recovered.Load(), Swept: c.swept.Load(), SweptClosed: c.sweptClosed.Load(), RedisErrors: c.redisErrors.Load(),
+		LatencyCount: c.latCount.Load(), LatencySumNS: c.latSum.Load(), LatencyMaxNS: c.latMax.Load(), LastSweepRows: c.lastSweepRows.Load()}
+}
+
+// QueueStats reads both queues' backlog and lag.
+func (w *Workers) QueueStats(ctx context.Context) (closeQ, refundQ QueueStats, err error) {
+	now := w.cfg.Now()
+	if closeQ, err = w.closeQ.Stats(ctx, now); err != nil {
+		return
+	}
+	refundQ, err = w.refundQ.Stats(ctx, now)
+	return
+}
+
+// Start starts the cron jobs and the close waker, and runs the sweeper once
+// in the background. Jobs: close drain and refund drain every second, lease
+// recovery every RecoverEvery, the sweeper every SweepEvery.
+func (w *Workers) Start(ctx context.Context) error {
+	if w.started {
+		return errors.New("queue workers already started")
+	}
+	w.started = true
+	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	lg := cronLogger{w.log}
+	w.cron = cron.New(cron.WithSeconds(), cron.WithLogger(lg),
+		cron.WithChain(cron.Recover(lg), cron.SkipIfStillRunning(lg)))
+	jobs := []struct {
+		spec string
+		fn   func()
+	}{
+		{"* * * * * *", func() { w.drainClose() }},
+		{"* * * * * *", func() { w.drainRefunds() }},
+		{every(w.cfg.RecoverEvery), func() { w.recoverLeases() }},
+		{every(w.cfg.SweepEvery), func() { w.sweepLocked() }},
+	}
+	for _, j := range jobs {
+		if _, err := w.cron.AddFunc(j.spec, j.fn); err != nil {
+			return fmt.Errorf("queue worker schedule %q: %w", j.spec, err)
+		}
+	}
+	w.cron.Start()
+	w.wg.Add(2)
+	go func() { defer w.wg.Done(); w.waker() }()
+	go func() { defer w.wg.Done(); w.sweepLocked() }()
+	return nil
+}
+
+// Stop stops scheduling jobs and waits for the running ones to finish their
+// batch. If ctx ends first, the work in flight is cancelled (its leases
+// bring it back) and ctx's error is returned.
+func (w *Workers) Stop(ctx context.Context) error {
+	if !w.started {
+		return nil
+	}
+	select {
+	case <-w.stopped:
+	default:
+		close(w.stopped)
+	}
+	done := make(chan struct{})
+	go func() {
+		<-w.cron.Stop().Done()
+		w.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		w.cancel()
+		return nil
+	case <-ctx.Done():
+		w.cancel()
+		<-done
+		return ctx.Err()
+	}
+}
+
+func (w *Workers) stopping() bool {
+	select {
+	case <-w.stopped:
+		return true
+	default:
+		return w.ctx.Err() != nil
+	}
+}
+
+func every(d time.Duration) string { return "@every " + max(d, time.Second).String() }
+
+// --- close ---------------------------------------------------------------
+
+// DrainClose claims and closes due orders until none is due. Safe to call
+// from anywhere; a drain already running in this process runs once more
+// instead.
+func (w *Workers) DrainClose() { w.drainClose() }
+
+// drainClose reports false when another drain was running (it goes round
+// once more instead).
+func (w *Workers) drainClose() bool {
+	w.again.Store(true)
+	for w.again.Load() && !w.stopping() && w.closeBO.ready() {
+		if !w.drainMu.TryLock() {
+			return false // the running drain sees again and goes round once more
+		}
+		w.again.Store(false)
+		var wg sync.WaitGroup
+		for range w.cfg.CloseDrainers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !w.stopping() && w.closeBO.ready() {
+					n, err := w.closeOnce(w.ctx)
+					if err != nil {
+						d := w.closeBO.fail()
+						w.log.Warn("close drain failed; backing off", "err", err, "pause", d)
+						return
+					}
+					w.closeBO.ok()
+					if n < w.cfg.CloseBatch {
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		w.drainMu.Unlock()
+	}
+	return true
+}
+
+// closeOnce claims one batch, closes it in one ledger transaction and acks
+// it. It returns how many members it claimed.
+func (w *Workers) closeOnce(ctx context.Context) (int, error) {
+	c, err := w.closeQ.Claim(ctx, w.cfg.Now(), w.cfg.CloseBatch, w.cfg.Lease)
+	if err != nil {
+		w.c.redisErrors.Add(1)
+		return 0, fmt.Errorf("claim: %w", err)
+	}
+	if len(c.Members) == 0 {
+		return 0, nil
+	}
+	if err := w.closeMembers(ctx, c); err != nil {
+		return len(c.Members), err
+	}
+	return len(c.Members), nil
+}
+
+// closeMembers closes a claimed batch and acks it once the database has
+// committed; on a database error nothing is acked and the lease brings the
+// batch back.
+func (w *Workers) closeMembers(ctx context.Context, c Claimed) error {
+	rs, err := w.shop.CloseOrders(ctx, c.Members, domain.CloseTimeout)
+	if err != nil {
+		w.c.closeErrors.Add(1)
+		return fmt.Errorf("close %d orders: %w", len(c.Members), err)
+	}
+	now := w.cfg.Now()
+	var resched []Item
+	for _, r := range rs {
+		switch r.Outcome {
+		case domain.Closed:
+			w.c.closed.Add(1)
+			w.observe(now.Sub(r.ExpiresAt))
+		case domain.CloseSkipped:
+			w.c.skipped.Add(1)
+		case domain.CloseNotDue:
+			w.c.notDue.Add(1)
+			resched = append(resched, Item{Member: r.OrderNo, Due: r.ExpiresAt})
+		case domain.CloseMissing:
+			w.c.unknown.Add(1)
+			w.log.Warn("close queue named an order that does not exist; dropped", "member", r.OrderNo)
+		}
+	}
+	for _, it := range resched {
+		// Rescheduled before the ack, so the member is never nowhere.
+		if err := w.closeQ.Schedule(ctx, it.Member, it.Due); err != nil {
+			w.c.redisErrors.Add(1)
+			return fmt.Errorf("reschedule %s: %w", it.Member, err)
+		}
+	}
+	// Members without a result (paid during the pre-close check, or listed
+	// twice) are finished too: the ledger has decided them.
+	if _, err := w.closeQ.Ack(ctx, c.Until, c.Members...); err != nil {
+		// Harmless: the lease brings them back and the ledger skips them.
+		w.c.redisErrors.Add(1)
+		w.log.Warn("ack after close failed; the lease will bring the batch back", "err", err)
+	}
+	return nil
+}
+
+func (w *Workers) observe(lat time.Duration) {
+	if lat < 0 {
+		lat = 0
+	}
+	w.c.latCount.Add(1)
+	w.c.latSum.Add(int64(lat))
+	for {
+		cur := w.c.latMax.Load()
+		if int64(lat) <= cur || w.c.latMax.CompareAndSwap(cur, int64(lat)) {
+			break
+		}
+	}
+	if w.OnClosed != nil {
+		w.OnClosed(lat)
+	}
+}
+
+// waker sleeps until the close queue's next member is due (at most
+// WakeCap) and drains then, so an order closes just after its due time
+// instead of up to a cron tick later.
+func (w *Workers) waker() {
+	for !w.stopping() {
+		sleep := w.cfg.WakeCap
+		due, ok, err := w.closeQ.NextDue(w.ctx)
+		switch {
+		case err != nil:
+			w.c.redisErrors.Add(1)
+			sleep = max(sleep, w.closeBO.fail())
+		case ok:
+			if d := due.Sub(w.cfg.Now()); d <= 0 {
+				if !w.closeBO.ready() {
+					sleep = w.closeBO.wait()
+				} else if w.drainClose() {
+					continue
+				}
+			} else {
+				sleep = min(d, sleep)
+			}
+		}
+		w.wakeAt.Store(time.Now().Add(sleep).UnixMilli())
+		t := time.NewTimer(sleep)
+		select {
+		case <-w.stopped:
+		case <-w.ctx.Done():
+		case <-w.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// wakeFor wakes the waker if due comes before its planned wake-up.
+func (w *Workers) wakeFor(due time.Time) {
+	if due.Sub(w.cfg.Now()) < time.Duration(w.wakeAt.Load()-time.Now().UnixMilli())*time.Millisecond {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// --- refunds ---------------------------------------------------------------
+
+func (w *Workers) drainRefunds() {
+	for !w.stopping() && w.refundBO.ready() {
+		c, err := w.refundQ.Claim(w.ctx, w.cfg.Now(), w.cfg.RefundBatch, w.cfg.Lease)
+		if err != nil {
+			w.c.redisErrors.Add(1)
+			d := w.refundBO.fail()
+			w.log.Warn("refund claim failed; backing off", "err", err, "pause", d)
+			return
+		}
+		w.refundBO.ok()
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, w.cfg.RefundParallel)
+		for _, no := range c.Members {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				w.refundOne(w.ctx, c.Until, no)
+			}()
+		}
+		wg.Wait()
+		if len(c.Members) < w.cfg.RefundBatch {
+			return
+		}
+	}
+}
+
+func (w *Workers) refundOne(ctx context.Context, until time.Time, refundNo string) {
+	w.c.refunds.Add(1)
+	r, err := w.shop.ProcessRefund(ctx, refundNo)
+	switch {
+	case domain.ErrorCode(err) == domain.ENOTFOUND:
+		w.c.unknown.Add(1)
+		w.log.Warn("refund queue named a refund that does not exist; dropped", "member", refundNo)
+	case err != nil:
+		// Left leased: the lease brings it back for another attempt.
+		w.c.refundErrors.Add(1)
+		w.log.Warn("refund attempt failed", "refund", refundNo, "err", err)
+		return
+	case r.Status == domain.RefundProcessing && !r.NextRetryAt.IsZero():
+		// Not due yet in the database, or retried later: keep it queued.
+		if err := w.refundQ.Schedule(ctx, refundNo, r.NextRetryAt); err != nil {
+			w.c.redisErrors.Add(1)
+			return
+		}
+	}
+	if _, err := w.refundQ.Ack(ctx, until, refundNo); err != nil {
+		w.c.redisErrors.Add(1)
+	}
+}
+
+// --- leases ----------------------------------------------------------------
+
+func (w *Workers) recoverLeases() {
+	now := w.cfg.Now()
+	for _, q := range []*DelayQueue{w.closeQ, w.refundQ} {
+		n, err := q.Recover(w.ctx, now)
+		if err != nil {
+			w.c.redisErrors.Add(1)
+			w.log.Warn("lease recovery failed", "queue", q.Key(), "err", err)
+			continue
+		}
+		if n > 0 {
+			w.c.recovered.Add(int64(n))
+			w.log.Info("expired leases put back", "queue", q.Key(), "members", n)
+		}
+	}
+	w.kick()
+}
+
+func (w *Workers) kick() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// --- sweeper ---------------------------------------------------------------
+
+// sweepLocked runs the sweeper unless another process swept within half an
+// interval. With Redis unreachable it sweeps anyway: then it is the only
+// close path.
+func (w *Workers) sweepLocked() {
+	if w.stopping() {
+		return
+	}
+	got, err := w.rdb.SetNX(w.ctx, w.keys.SweepLock(), randomToken(), max(w.cfg.SweepEvery/2, time.Second)).Result()
+	if err == nil && !got {
+		return
+	}
+	if _, err := w.Sweep(w.ctx); err != nil {
+		w.log.Warn("sweep failed", "err", err)
+	}
+}
+
+// SweepResult reports one sweep.
+type SweepResult struct {
+	Pending       int // PENDING orders read
+	Scheduled     int // of them, put back on the close queue
+	ClosedDirect  int // overdue orders closed straight from the database (Redis down)
+	Refunds       int // due refunds put back on the refund queue
+	StockRebuilds int // missing stock counters rebuilt
+}
+
+// Sweep rebuilds what Redis lost from the database: every PENDING order
+// missing from the close queue (and not leased) is scheduled at its
+// expires_at, so an overdue one is closed at once by the drain; due
+// PROCESSING refunds are queued; missing stock counters are rebuilt. Orders
+// are read in pages from the (status, expires_at) index. If Redis cannot be
+// reached, overdue orders are closed straight through the ledger instead.
+func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
+	var res SweepResult
+	now := w.cfg.Now()
+	var after domain.PendingOrder
+	var redisErr error
+	for {
+		page, err := w.ledger.PendingOrders(ctx, after, time.Time{}, w.cfg.SweepPage)
+		if err != nil {
+			return res, fmt.Errorf("pending orders: %w", err)
+		}
+		res.Pending += len(page)
+		if redisErr == nil {
+			items := make([]Item, len(page))
+			for i, o := range page {
+				items[i] = Item{Member: o.OrderNo, Due: o.ExpiresAt}
+			}
+			n, err := w.closeQ.ScheduleIfAbsent(ctx, items)
+			res.Scheduled += n
+			redisErr = err
+		}
+		if redisErr != nil {
+			// Redis is down: close the overdue ones ourselves. Pages come
+			// in expires_at order, so the first not-due order ends it.
+			var due []string
+			for _, o := range page {
+				if !o.ExpiresAt.After(now) {
+					due = append(due, o.OrderNo)
+				}
+			}
+			if len(due) > 0 {
+				rs, err := w.shop.CloseOrders(ctx, due, domain.CloseTimeout)
+				if err != nil {
+					return res, fmt.Errorf("close overdue orders: %w", err)
+				}
+				for _, r := range rs {
+					if r.Outcome == domain.Closed {
+						res.ClosedDirect++
+						w.c.closed.Add(1)
+						w.observe(w.cfg.Now().Sub(r.ExpiresAt))
+					}
+				}
+			}
+			if len(due) < len(page) {
+				break
+			}
+		}
+		if len(page) < w.cfg.SweepPage || ctx.Err() != nil {
+			break
+		}
+		after = page[len(page)-1]
+	}
+	w.c.lastSweepRows.Store(int64(res.Pending))
+	w.c.swept.Add(int64(res.Scheduled))
+	w.c.sweptClosed.Add(int64(res.ClosedDirect))
+	if redisErr != nil {
+		w.c.redisErrors.Add(1)
+		return res, fmt.Errorf("schedule pending orders: %w", redisErr)
+	}
+	if res.Scheduled > 0 {
+		w.log.Info("sweeper restored close schedules", "orders", res.Scheduled, "pending", res.Pending)
+		w.kick()
+	}
+	refunds, err := w.ledger.DueRefunds(ctx, now, 10_000)
+	if err != nil {
+		return res, fmt.Errorf("due refunds: %w", err)
+	}
+	items := make([]Item, len(refunds))
+	for i, r := range refunds {
+		items[i] = Item{Member: r.RefundNo, Due: r.NextRetryAt}
+	}
+	if res.Refunds, err = w.refundQ.ScheduleIfAbsent(ctx, items); err != nil {
+		w.c.redisErrors.Add(1)
+		return res, fmt.Errorf("schedule due refunds: %w", err)
+	}
+	if w.gate != nil {
+		ps, err := w.ledger.Products(ctx, true)
+		if err != nil {
+			return res, fmt.Errorf("products: %w", err)
+		}
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = p.ID
+		}
+		if res.StockRebuilds, err = w.gate.EnsureMissing(ctx, ids); err != nil {
+			return res, fmt.Errorf("stock counters: %w", err)
+		}
+	}
+	return res, nil
+}
+
+// --- helpers ---------------------------------------------------------------
+
+// backoff pauses a loop after failures, doubling up to max.
+type backoff struct {
+	mu    sync.Mutex
+	fails int
+	until time.Time
+	max   time.Duration
+}
+
+func (b *backoff) ready() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !time.Now().Before(b.until)
+}
+
+func (b *backoff) wait() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return max(time.Until(b.until), time.Millisecond)
+}
+
+func (b *backoff) fail() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fails++
+	d := min(50*time.Millisecond<<min(b.fails, 10), b.max)
+	b.until = time.Now().Add(d)
+	return d
+}
+
+func (b *backoff) ok() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fails = 0
+	b.until = time.Time{}
+}
+
+// cronLogger sends robfig cron's log to slog; its chatter goes to debug.
+type cronLogger struct{ l *slog.Logger }
+
+func (c cronLogger) Info(msg string, kv ...any) { c.l.Debug("cron: "+msg, kv...) }
+
+func (c cronLogger) Error(err error, msg string, kv ...any) {
+	c.l.Error("cron: "+msg, append(kv, "err", err)...)
+}
