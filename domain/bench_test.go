@@ -2,6 +2,8 @@ package domain_test
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,7 +39,7 @@ func benchLedger(b *testing.B, cards int) (*bundle, *domain.Product) {
 func BenchmarkPlaceOrder(b *testing.B) {
 	bd, p := benchLedger(b, b.N+100)
 	var i atomic.Int64
-	b.SetParallelism(8)
+	b.SetParallelism(benchParallelism())
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -98,4 +100,13 @@ func BenchmarkCloseOrders(b *testing.B) {
 			bd.mustAudit(b)
 		})
 	}
+}
+
+// benchParallelism is goroutines per GOMAXPROCS for the parallel
+// benchmarks: KAMI_BENCH_PARALLELISM, default 8.
+func benchParallelism() int {
+	if n, err := strconv.Atoi(os.Getenv("KAMI_BENCH_PARALLELISM")); err == nil && n > 0 {
+		return n
+	}
+	return 8
 }

@@ -70,10 +70,20 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		sqldb.SetMaxOpenConns(1)
 		db = bun.NewDB(sqldb, sqlitedialect.New())
 	case strings.HasPrefix(rawURL, "postgres://") || strings.HasPrefix(rawURL, "postgresql://"):
-		if _, err := url.Parse(rawURL); err != nil {
+		u, err := url.Parse(rawURL)
+		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: not a PostgreSQL URL: %v", redactURLError(err))
 		}
-		sqldb, err = sql.Open("pgx", rawURL)
+		// bun writes the arguments into the SQL text itself, so every
+		// statement is new to the server: preparing and caching each one
+		// (pgx's default) would cost a round trip and fill the cache. The
+		// simple protocol sends it once.
+		q := u.Query()
+		if q.Get("default_query_exec_mode") == "" {
+			q.Set("default_query_exec_mode", "simple_protocol")
+			u.RawQuery = q.Encode()
+		}
+		sqldb, err = sql.Open("pgx", u.String())
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
 		}

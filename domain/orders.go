@@ -148,10 +148,13 @@ func (l *Ledger) placeOrder(ctx context.Context, tx bun.Tx, in PlaceOrderInput) 
 		}
 		return nil, err
 	}
+	// No ORDER BY: any lockable card will do, and without one the scan of
+	// the (product_id, status, id) index stops at the first free rows
+	// instead of sorting every lockable card of the product.
 	var ids []int64
 	if err := forUpdateSkipLocked(tx.NewSelect().Table("card_stock").Column("id").
 		Where("product_id = ?", p.ID).Where("status IN (?)", bun.In(CardLock.From)).
-		Order("id").Limit(int64(in.Quantity))).Scan(ctx, &ids); err != nil {
+		Limit(int64(in.Quantity))).Scan(ctx, &ids); err != nil {
 		return nil, err
 	}
 	if len(ids) < in.Quantity {
