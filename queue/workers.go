@@ -82,8 +82,8 @@ type Stats struct {
 
 type counters struct {
 	closed, skipped, notDue, unknown, closeErrors, refunds, refundErrors atomic.Int64
-	recovered, swept, sweptClosed, redisErrors                          atomic.Int64
-	latCount, latSum, latMax, lastSweepRows                             atomic.Int64
+	recovered, swept, sweptClosed, redisErrors                           atomic.Int64
+	latCount, latSum, latMax, lastSweepRows                              atomic.Int64
 }
 
 // Workers drain the close and refund queues into the ledger, bring back

@@ -1,0 +1,178 @@
+// Package redistest gives tests a Redis of each kind kami runs on: an
+// in-process miniredis always, and the real Redis at KAMI_TEST_REDIS_URL
+// (default redis://127.0.0.1:6379/0; "off" leaves it out). A real Redis
+// that does not answer is skipped with a note, unless
+// KAMI_TEST_REQUIRE_SERVICES=1 (as in CI), which makes it a failure, as in
+// domain/dbtest.
+//
+// The real Redis is shared with other tests and other packages: every test
+// works under its own key prefix (Prefix) and never flushes the server.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Kind names a Redis kind.
+type Kind string
+
+const (
+	Mini Kind = "miniredis"
+	Real Kind = "redis"
+)
+
+// URL is the real Redis to test against.
+func URL() string {
+	if v := os.Getenv("KAMI_TEST_REDIS_URL"); v != "" {
+		return v
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+// Server is one Redis a test runs against.
+type Server struct {
+	Kind Kind
+	// URL is a redis:// URL other processes can connect with.
+	URL string
+	// Mini is the in-process server (nil for the real one).
+	Mini   *miniredis.Miniredis
+	Client redis.UniversalClient
+}
+
+// Each runs fn once per Redis kind as a parallel subtest.
+func Each(t *testing.T, fn func(t *testing.T, s *Server)) {
+	t.Helper()
+	for _, k := range []Kind{Mini, Real} {
+		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
+			fn(t, Open(t, k))
+		})
+	}
+}
+
+// Open returns a Redis of kind k for the test, skipping (or failing) when
+// the real one is off or unreachable.
+func Open(t testing.TB, k Kind) *Server {
+	t.Helper()
+	switch k {
+	case Mini:
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Close)
+		s := &Server{Kind: Mini, URL: "redis://" + m.Addr() + "/0", Mini: m}
+		s.Client = s.NewClient(t)
+		return s
+	case Real:
+		s := &Server{Kind: Real, URL: real(t)}
+		s.Client = s.NewClient(t)
+		return s
+	}
+	t.Fatalf("unknown Redis kind %q", k)
+	return nil
+}
+
+var (
+	realOnce sync.Once
+	realDown string
+)
+
+func real(t testing.TB) string {
+	t.Helper()
+	u := URL()
+	if u == "off" {
+		t.Skip("real Redis tests are off (KAMI_TEST_REDIS_URL=off)")
+	}
+	realOnce.Do(func() {
+		opts, err := redis.ParseURL(u)
+		if err != nil {
+			realDown = err.Error()
+			return
+		}
+		c := redis.NewClient(opts)
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := c.Ping(ctx).Err(); err != nil {
+			realDown = err.Error()
+		}
+	})
+	if realDown != "" {
+		if os.Getenv("KAMI_TEST_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("Redis is required (KAMI_TEST_REQUIRE_SERVICES=1) but unreachable at %s: %s", u, realDown)
+		}
+		t.Skipf("Redis unreachable at %s, skipped: %s", u, realDown)
+	}
+	return u
+}
+
+// NewClient opens another client to the server (another "process"),
+// closed when the test ends.
+func (s *Server) NewClient(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	opts, err := redis.ParseURL(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.MaxRetries = time.Second, time.Second, time.Second, 1
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Prefix returns a key prefix of the test's own, and on the real Redis
+// deletes every key under it when the test ends.
+func (s *Server) Prefix(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	p := "kt:" + hex.EncodeToString(b) + ":"
+	if s.Kind == Real {
+		t.Cleanup(func() { s.deletePrefix(context.Background(), p) })
+	}
+	return p
+}
+
+// Wipe loses everything Redis holds for the test, as FLUSHALL would. On
+// miniredis it is FLUSHALL; the real Redis is shared with other tests, so
+// there it deletes every key under the test's prefix instead.
+func (s *Server) Wipe(t testing.TB, prefix string) {
+	t.Helper()
+	if s.Mini != nil {
+		s.Mini.FlushAll()
+		return
+	}
+	if err := s.deletePrefix(context.Background(), prefix); err != nil {
+		t.Fatalf("wipe %s*: %v", prefix, err)
+	}
+}
+
+func (s *Server) deletePrefix(ctx context.Context, prefix string) error {
+	iter := s.Client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			if err := s.Client.Unlink(ctx, batch...).Err(); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		if err := s.Client.Unlink(ctx, batch...).Err(); err != nil {
+			return err
+		}
+	}
+	return iter.Err()
+}
