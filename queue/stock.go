@@ -165,8 +165,11 @@ func (g *StockGate) rebuild(ctx context.Context, productID int64) error {
 		}
 		if got {
 			defer unlockScript.Run(ctx, g.rdb, []string{lock}, token)
-			// A counter another process finished just before we locked
-			// stays as it is (SET NX below).
+			// Another process may have finished the rebuild between our
+			// look and our lock.
+			if n, err := g.rdb.Exists(ctx, key).Result(); err != nil || n == 1 {
+				return err
+			}
 			cnt, err := g.count(ctx, productID)
 			if err != nil {
 				return fmt.Errorf("count stock of product %d: %w", productID, err)
