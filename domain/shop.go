@@ -57,6 +57,9 @@ type Shop struct {
 	PreCloseCheck bool
 	// ProviderTimeout bounds each call made to a provider on the close path.
 	ProviderTimeout time.Duration
+	// Observer hears every placement, close, payment and refund attempt
+	// (metrics); nil for none.
+	Observer Observer
 }
 
 func (s *Shop) log() *slog.Logger {
@@ -83,6 +86,16 @@ type Checkout struct {
 // Errors as Ledger.PlaceOrder, plus UNAVAILABLE when the gate or the
 // provider cannot answer (nothing is held then).
 func (s *Shop) PlaceOrder(ctx context.Context, in PlaceOrderInput, method, clientIP string) (*Checkout, error) {
+	co, err := s.placeOrder(ctx, in, method, clientIP)
+	if err != nil {
+		s.observer().OrderRefused(ErrorCode(err))
+	} else if !co.Replayed {
+		s.observer().OrderPlaced()
+	}
+	return co, err
+}
+
+func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clientIP string) (*Checkout, error) {
 	p, ok := s.Providers.Get(in.Provider)
 	if !ok {
 		return nil, Errorf(EBADINPUT, "provider %q is not enabled; use one of %v", in.Provider, s.Providers.Names())
@@ -182,10 +195,17 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 	}
 	rs, err := s.Ledger.CloseOrders(ctx, orderNos, reason)
 	if err != nil {
+		s.observer().CloseFailed(len(orderNos))
 		return nil, err
 	}
+	now := s.Ledger.now()
 	released := map[int64]int{}
 	for _, r := range rs {
+		var lateBy time.Duration
+		if r.Outcome == Closed && reason == CloseTimeout {
+			lateBy = now.Sub(r.ExpiresAt)
+		}
+		s.observer().OrderClosed(reason, r.Outcome, lateBy)
 		if r.Outcome == Closed {
 			released[r.ProductID] += r.Released
 			if s.Events != nil {
@@ -279,6 +299,7 @@ func (s *Shop) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, er
 	if err != nil {
 		return nil, err
 	}
+	s.observer().PaymentRecorded(res.Outcome)
 	if res.Outcome != PaymentDuplicate {
 		s.changed(ctx, res.Order)
 	}
@@ -389,6 +410,7 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 }
 
 func (s *Shop) refundSucceeded(ctx context.Context, r *Refund, providerRefundID string) (*Refund, error) {
+	s.observer().RefundAttempt("succeeded", r.RetryCount+1)
 	r, changed, err := s.Ledger.RefundSucceeded(ctx, r.RefundNo, providerRefundID)
 	if err == nil && changed {
 		if o, oerr := s.Ledger.Order(ctx, r.OrderNo); oerr == nil {
@@ -399,9 +421,15 @@ func (s *Shop) refundSucceeded(ctx context.Context, r *Refund, providerRefundID 
 }
 
 func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Refund, error) {
+	attempt := r.RetryCount + 1
 	r, err := s.Ledger.RefundAttemptFailed(ctx, r.RefundNo, r.RetryCount, detail)
 	if err != nil {
 		return nil, err
+	}
+	if r.Status == RefundFailed {
+		s.observer().RefundAttempt("failed", attempt)
+	} else {
+		s.observer().RefundAttempt("retry", attempt)
 	}
 	s.scheduleRefund(ctx, r)
 	return r, nil

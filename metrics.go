@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"kami/domain"
+)
+
+// metrics is kami's Prometheus registry: the article's three figures
+// (queue backlog, close success rate, refund failure rate) and what it
+// takes to see them move. It is the Shop's Observer.
+type metrics struct {
+	reg *prometheus.Registry
+
+	ordersPlaced   prometheus.Counter
+	ordersRefused  *prometheus.CounterVec
+	closes         *prometheus.CounterVec
+	closeFailures  prometheus.Counter
+	closeLatency   prometheus.Histogram
+	payments       *prometheus.CounterVec
+	refundAttempts *prometheus.CounterVec
+	webhooks       *prometheus.CounterVec
+	graphql        *prometheus.CounterVec
+	alerts         *prometheus.CounterVec
+	violations     prometheus.Gauge
+	reconciled     *prometheus.GaugeVec
+}
+
+var _ domain.Observer = (*metrics)(nil)
+
+// QueueStat is one delay queue's health at scrape time.
+type queueStat struct {
+	Name          string
+	Backlog       int64
+	Leased        int64
+	OldestOverdue time.Duration
+}
+
+func newMetrics(queues func(context.Context) ([]queueStat, error)) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	f := func(c prometheus.Collector) { m.reg.MustRegister(c) }
+	m.ordersPlaced = prometheus.NewCounter(prometheus.CounterOpts{Name: "kami_orders_placed_total", Help: "Orders placed."})
+	m.ordersRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_orders_refused_total",
+		Help: "Orders refused, by error code (SOLD_OUT, LIMIT_EXCEEDED, UNAVAILABLE, BAD_INPUT, ...)."}, []string{"code"})
+	m.closes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_closes_total",
+		Help: "Orders handled by the close path, by reason (timeout, cancel) and outcome (CLOSED, SKIPPED, NOT_DUE, NOT_FOUND)."},
+		[]string{"reason", "outcome"})
+	m.closeFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "kami_close_failures_total",
+		Help: "Orders whose close batch failed (retried after the lease)."})
+	m.closeLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kami_close_latency_seconds",
+		Help:    "Due-to-closed latency: how long after its expiry an order was closed.",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800}})
+	m.payments = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_payments_total",
+		Help: "Payments applied, by outcome (DELIVERED, DUPLICATE, LATE_REFUND, LATE_DELIVERED, DUPLICATE_REFUNDS)."}, []string{"outcome"})
+	m.refundAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_refund_attempts_total",
+		Help: "Refund attempts by result (succeeded, retry, failed) and attempt number."}, []string{"result", "attempt"})
+	m.webhooks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_webhook_notifications_total",
+		Help: "Provider notifications received, by provider and result (ok, invalid, refused, error)."}, []string{"provider", "result"})
+	m.graphql = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_graphql_requests_total",
+		Help: "GraphQL operations by operation name and error code (\"\" when none)."}, []string{"operation", "code"})
+	m.alerts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_alerts_total",
+		Help: "Alerts raised, by kind (refund_failed, inconsistency, amount_mismatch, stragglers, ...)."}, []string{"kind"})
+	m.violations = prometheus.NewGauge(prometheus.GaugeOpts{Name: "kami_ledger_violations",
+		Help: "Ledger invariant violations found by the last audit (reconciliation)."})
+	m.reconciled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kami_reconcile_last",
+		Help: "Figures of the last reconciliation run: closed stragglers, stale refunds, rescheduled tasks, repaired counters, and its end as a Unix time."},
+		[]string{"figure"})
+	for _, c := range []prometheus.Collector{m.ordersPlaced, m.ordersRefused, m.closes, m.closeFailures, m.closeLatency,
+		m.payments, m.refundAttempts, m.webhooks, m.graphql, m.alerts, m.violations, m.reconciled} {
+		f(c)
+	}
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if queues != nil {
+		f(&queueCollector{stats: queues})
+	}
+	return m
+}
+
+func (m *metrics) OrderPlaced()             { m.ordersPlaced.Inc() }
+func (m *metrics) OrderRefused(code string) { m.ordersRefused.WithLabelValues(code).Inc() }
+func (m *metrics) OrderClosed(reason domain.CloseReason, outcome domain.CloseOutcome, lateBy time.Duration) {
+	m.closes.WithLabelValues(string(reason), string(outcome)).Inc()
+	if outcome == domain.Closed && reason == domain.CloseTimeout {
+		m.closeLatency.Observe(max(lateBy, 0).Seconds())
+	}
+}
+func (m *metrics) CloseFailed(orders int) { m.closeFailures.Add(float64(orders)) }
+func (m *metrics) PaymentRecorded(outcome domain.PaymentOutcome) {
+	m.payments.WithLabelValues(string(outcome)).Inc()
+}
+func (m *metrics) RefundAttempt(result string, attempt int) {
+	m.refundAttempts.WithLabelValues(result, strconv.Itoa(attempt)).Inc()
+}
+func (m *metrics) Webhook(provider, result string) {
+	m.webhooks.WithLabelValues(provider, result).Inc()
+}
+func (m *metrics) GraphQL(operation, code string) { m.graphql.WithLabelValues(operation, code).Inc() }
+func (m *metrics) Alert(kind string)              { m.alerts.WithLabelValues(kind).Inc() }
+
+// queueCollector reads the delay queues' backlog at scrape time, so the
+// figures are never stale.
+type queueCollector struct {
+	stats func(context.Context) ([]queueStat, error)
+}
+
+var (
+	backlogDesc = prometheus.NewDesc("kami_queue_backlog", "Tasks waiting in a delay queue.", []string{"queue"}, nil)
+	leasedDesc  = prometheus.NewDesc("kami_queue_leased", "Tasks claimed by a worker and not yet acknowledged.", []string{"queue"}, nil)
+	overdueDesc = prometheus.NewDesc("kami_queue_oldest_overdue_seconds", "How long the most overdue task is past its due time (0: none).", []string{"queue"}, nil)
+	queueUpDesc = prometheus.NewDesc("kami_queue_up", "1 when the queue figures could be read from Redis.", nil, nil)
+)
+
+func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- backlogDesc
+	ch <- leasedDesc
+	ch <- overdueDesc
+	ch <- queueUpDesc
+}
+
+func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	stats, err := c.stats(ctx)
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(queueUpDesc, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(queueUpDesc, prometheus.GaugeValue, 1)
+	for _, s := range stats {
+		ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(s.Backlog), s.Name)
+		ch <- prometheus.MustNewConstMetric(leasedDesc, prometheus.GaugeValue, float64(s.Leased), s.Name)
+		ch <- prometheus.MustNewConstMetric(overdueDesc, prometheus.GaugeValue, s.OldestOverdue.Seconds(), s.Name)
+	}
+}
