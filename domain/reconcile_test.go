@@ -1,0 +1,66 @@
+package domain_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/providers"
+	"kami/providers/sandbox"
+)
+
+func TestReconcileClosesStragglersAndReportsStaleRefunds(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: 15 * time.Minute})
+		sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://kami.test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		shop := &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(sb)}
+		p := b.product(t, 100, 4)
+		straggler := b.order(t, p, 1).Order
+		// A late payment whose refund will have been PROCESSING for over a day.
+		late := b.order(t, p, 1).Order
+		b.clock.Advance(time.Hour)
+		b.ledger.CloseOrders(b.ctx, []string{late.OrderNo}, domain.CloseTimeout)
+		refund := b.pay(t, late, "T-LATE", "N-LATE").Refund
+		b.clock.Advance(25 * time.Hour)
+		// Due 20 minutes ago: within the 30-minute grace, the queue's job.
+		graceful := b.order(t, p, 1).Order
+		b.clock.Advance(35 * time.Minute)
+
+		rec := &domain.Reconciler{Shop: shop, Alerts: b.alerts}
+		run, err := rec.Run(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Everything more than 30 minutes overdue is closed, cards and all.
+		for _, o := range []*domain.Order{straggler} {
+			got, _ := b.ledger.Order(b.ctx, o.OrderNo)
+			if got.Status != domain.OrderClosed || b.cardStatuses(t, o.OrderNo)[domain.CardRecycled] != 1 {
+				t.Errorf("%s: %s, cards %v", o.OrderNo, got.Status, b.cardStatuses(t, o.OrderNo))
+			}
+		}
+		if got, _ := b.ledger.Order(b.ctx, graceful.OrderNo); got.Status != domain.OrderPending {
+			t.Errorf("an order within the grace was closed: %s", got.Status)
+		}
+		if run.ClosedStragglers != 1 || run.StaleRefunds != 1 || run.Violations != 0 || run.Error != "" {
+			t.Fatalf("run %+v", run)
+		}
+		if b.alerts.count("stragglers") != 1 || b.alerts.count("stale_refunds") != 1 {
+			t.Fatalf("alerts %v", b.alerts.kinds())
+		}
+		runs, err := b.ledger.ReconcileRuns(b.ctx, 10)
+		if err != nil || len(runs) != 1 || runs[0].Summary != run.Summary {
+			t.Fatalf("recorded runs %+v %v", runs, err)
+		}
+		if r, _ := b.ledger.Refund(b.ctx, refund.RefundNo); r.Status != domain.RefundProcessing {
+			t.Errorf("the reconciliation moved a refund: %s", r.Status)
+		}
+		b.mustAudit(t)
+	})
+}
