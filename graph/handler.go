@@ -1,0 +1,205 @@
+// Package graph is kami's GraphQL API: the schema (schema.graphqls), the
+// resolvers that convert and call package domain, and the HTTP and
+// WebSocket handler that serves them.
+//
+// HTTP follows the GraphQL-over-HTTP spec: POST with application/json and
+// GET for queries; the answer is application/graphql-response+json when the
+// client accepts it (request errors then get 400) and application/json
+// otherwise (200 for every well-formed request). Every error carries
+// extensions.code; see present for what a client may see.
+package graph
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/99designs/gqlgen/graphql/handler"
+	"github.com/99designs/gqlgen/graphql/handler/extension"
+	"github.com/99designs/gqlgen/graphql/handler/lru"
+	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/99designs/gqlgen/graphql/playground"
+	coderws "github.com/coder/websocket"
+	"github.com/vektah/gqlparser/v2/ast"
+
+	"kami/domain"
+	"kami/graph/generated"
+	"kami/graph/model"
+)
+
+// OrderEvents streams one order's status changes (queue.Events in the
+// server: Redis pub/sub, so a change made in any server process arrives).
+type OrderEvents interface {
+	// Subscribe streams orderNo's changes from the moment it returns until
+	// ctx ends or the returned func is called; the channel is closed then,
+	// or when the stream breaks.
+	Subscribe(ctx context.Context, orderNo string) (<-chan domain.OrderStatus, func())
+}
+
+// QueueHealth is one delay queue's health.
+type QueueHealth struct {
+	Name          string
+	Backlog       int64
+	OldestOverdue time.Duration // 0 when nothing is overdue
+}
+
+// Health is what the stats query reports besides stock.
+type Health struct {
+	Queues []QueueHealth
+	// CloseSuccessRate and RefundFailureRate are shares in [0, 1]; nil
+	// when there is nothing to measure yet.
+	CloseSuccessRate  *float64
+	RefundFailureRate *float64
+}
+
+// StatsSource reports the health figures of the queues and workers.
+type StatsSource interface {
+	Health(ctx context.Context) (Health, error)
+}
+
+// Config is what the handler needs. Shop, Ledger and AdminToken are
+// required; the rest have defaults.
+type Config struct {
+	Shop   *domain.Shop
+	Ledger *domain.Ledger
+	// Events feeds orderStatusChanged; nil: the subscription sends the
+	// current status and then only ends when the client leaves.
+	Events OrderEvents
+	// Stats feeds the queue and rate figures of the stats query; nil:
+	// those are empty.
+	Stats StatsSource
+	// AdminToken is KAMI_ADMIN_TOKEN; an empty token admits nobody.
+	AdminToken string
+	Logger     *slog.Logger
+
+	MaxBodyBytes  int64         // request body limit; default 1 MiB (413 above it)
+	MaxDepth      int           // query depth limit; default 10
+	MaxComplexity int           // query complexity limit; default 1000
+	KeepAlive     time.Duration // WebSocket keep-alive interval; default 10s
+	// AllowedOrigins are the host patterns whose pages may open a
+	// WebSocket (coder/websocket's OriginPatterns); default same origin
+	// only. Browsers cannot forge Origin, so this is the WebSocket's CSRF
+	// guard.
+	AllowedOrigins []string
+	// ClientAddr returns the buyer's address for the per-address cap on
+	// PENDING orders. Default: the host of the request's RemoteAddr. Behind
+	// a reverse proxy, set it to read the proxy's header; X-Forwarded-For
+	// is not trusted by default since any client can send it.
+	ClientAddr func(r *http.Request) string
+}
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.MaxDepth <= 0 {
+		c.MaxDepth = 10
+	}
+	if c.MaxComplexity <= 0 {
+		c.MaxComplexity = 1000
+	}
+	if c.KeepAlive <= 0 {
+		c.KeepAlive = 10 * time.Second
+	}
+	if c.ClientAddr == nil {
+		c.ClientAddr = RemoteHost
+	}
+	return c
+}
+
+// RemoteHost is the host part of r.RemoteAddr.
+func RemoteHost(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// NewHandler serves GraphQL at one path: POST and GET requests, and the
+// WebSocket upgrade for subscriptions (graphql-transport-ws and the older
+// graphql-ws).
+func NewHandler(cfg Config) http.Handler {
+	cfg = cfg.withDefaults()
+	srv := handler.New(generated.NewExecutableSchema(newSchemaConfig(cfg)))
+	srv.AddTransport(transport.Websocket{
+		Implementation: transport.CoderWebsocketImplementation{
+			AcceptOptions: coderws.AcceptOptions{OriginPatterns: cfg.AllowedOrigins},
+		},
+		KeepAlivePingInterval: cfg.KeepAlive,
+		InitTimeout:           10 * time.Second,
+		InitFunc:              wsInit(cfg.AdminToken),
+		ErrorFunc: func(ctx context.Context, err error) {
+			cfg.Logger.DebugContext(ctx, "graphql websocket closed", "err", err)
+		},
+	})
+	srv.AddTransport(getTransport{})
+	srv.AddTransport(postTransport{})
+	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
+	srv.Use(extension.Introspection{})
+	srv.Use(depthLimit{max: cfg.MaxDepth})
+	srv.Use(extension.FixedComplexityLimit(cfg.MaxComplexity))
+	srv.SetErrorPresenter(presenter(cfg.Logger))
+	srv.SetRecoverFunc(recoverer(cfg.Logger))
+	// Loaders are made per response: one per query or mutation, one per
+	// subscription event, so a long-lived subscription never reads a
+	// stale cache.
+	srv.AroundResponses(func(ctx context.Context, next graphql.ResponseHandler) *graphql.Response {
+		return next(withLoaders(ctx, cfg.Ledger))
+	})
+	return &httpHandler{cfg: cfg, srv: srv}
+}
+
+// httpHandler puts the caller's identity on the request and applies the
+// limits that must hold before gqlgen reads anything.
+type httpHandler struct {
+	cfg Config
+	srv *handler.Server
+}
+
+func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Upgrade") == "" && r.Method != http.MethodGet && r.Method != http.MethodPost {
+		w.Header().Set("Allow", "GET, POST")
+		writeError(w, r, http.StatusMethodNotAllowed, codeBadRequest, "use GET or POST")
+		return
+	}
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+	}
+	ctx := withViewer(r.Context(), viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken))
+	ctx = withClientAddr(ctx, h.cfg.ClientAddr(r))
+	h.srv.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// Playground serves the GraphQL playground for /graphql.
+func Playground() http.Handler {
+	return playground.Handler("kami", "/graphql")
+}
+
+// newSchemaConfig wires the resolvers and the complexity of the lists: a
+// connection costs its page size times what each node selects.
+func newSchemaConfig(cfg Config) generated.Config {
+	c := generated.Config{Resolvers: &Resolver{cfg: cfg}}
+	page := func(first *int) int {
+		if first == nil || *first < 1 {
+			return 1
+		}
+		return min(*first, domain.MaxPageSize)
+	}
+	c.Complexity.Query.Orders = func(child int, _ *model.OrderFilter, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.Cards = func(child int, _ *int64, _ *domain.CardStatus, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.Refunds = func(child int, _ *domain.RefundStatus, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	return c
+}

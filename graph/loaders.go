@@ -1,0 +1,146 @@
+package graph
+
+import (
+	"context"
+	"sync"
+
+	"kami/domain"
+	"kami/graph/model"
+)
+
+// loader batches the reads of one response. A parent that knows which keys
+// its children will ask for primes them (a page of orders primes its
+// products); the first load then fetches every primed key and its own in
+// one query, and the rest are answered from what that fetch brought.
+// Nothing waits on a timer, so the number of queries for a page does not
+// depend on scheduling. Results are matched to keys, never to positions.
+type loader[K comparable, V any] struct {
+	fetch func(ctx context.Context, keys []K) (map[K]V, error)
+
+	mu     sync.Mutex
+	primed []K
+	done   map[K]result[V]
+}
+
+type result[V any] struct {
+	v   V
+	ok  bool
+	err error
+}
+
+func newLoader[K comparable, V any](fetch func(context.Context, []K) (map[K]V, error)) *loader[K, V] {
+	return &loader[K, V]{fetch: fetch, done: map[K]result[V]{}}
+}
+
+// prime notes keys that the next fetch should bring as well.
+func (l *loader[K, V]) prime(keys ...K) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		if _, ok := l.done[k]; !ok {
+			l.primed = append(l.primed, k)
+		}
+	}
+}
+
+// load returns the value for key; ok is false when there is none.
+func (l *loader[K, V]) load(ctx context.Context, key K) (V, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r, ok := l.done[key]; ok {
+		return r.v, r.ok, r.err
+	}
+	seen := map[K]bool{key: true}
+	batch := []K{key}
+	for _, k := range l.primed {
+		if _, ok := l.done[k]; !ok && !seen[k] {
+			seen[k] = true
+			batch = append(batch, k)
+		}
+	}
+	l.primed = nil
+	got, err := l.fetch(ctx, batch)
+	for _, k := range batch {
+		v, ok := got[k]
+		l.done[k] = result[V]{v: v, ok: ok, err: err}
+	}
+	r := l.done[key]
+	return r.v, r.ok, r.err
+}
+
+// loaders are one response's loaders.
+type loaders struct {
+	products *loader[int64, *domain.Product]
+	stock    *loader[int64, domain.StockCount]
+	orders   *loader[string, *domain.Order]
+	codes    *loader[string, []string]
+}
+
+type loadersKey struct{}
+
+func withLoaders(ctx context.Context, l *domain.Ledger) context.Context {
+	ls := &loaders{
+		products: newLoader(l.ProductsByID),
+		stock: newLoader(func(ctx context.Context, ids []int64) (map[int64]domain.StockCount, error) {
+			return l.StockCounts(ctx, ids...)
+		}),
+		codes: newLoader(l.SoldCodes),
+	}
+	ls.orders = newLoader(func(ctx context.Context, nos []string) (map[string]*domain.Order, error) {
+		os, err := l.OrdersByNo(ctx, nos)
+		for _, o := range os {
+			ls.products.prime(o.ProductID)
+			if viewerOf(ctx).admin && !o.DeliveredAt.IsZero() {
+				ls.codes.prime(o.OrderNo)
+			}
+		}
+		return os, err
+	})
+	return context.WithValue(ctx, loadersKey{}, ls)
+}
+
+func loadersOf(ctx context.Context) *loaders {
+	return ctx.Value(loadersKey{}).(*loaders)
+}
+
+// primeOrders tells the loaders what a list of orders will ask for: their
+// products, and the codes of those the caller may see.
+func primeOrders(ctx context.Context, os []*model.Order) {
+	ls := loadersOf(ctx)
+	for _, o := range os {
+		ls.products.prime(o.ProductID)
+		if codesVisible(ctx, o) {
+			ls.codes.prime(o.OrderNo)
+		}
+	}
+}
+
+// primeProducts tells the loaders a list of products will ask for stock.
+func primeProducts(ctx context.Context, ps []*domain.Product) {
+	ls := loadersOf(ctx)
+	for _, p := range ps {
+		ls.stock.prime(p.ID)
+	}
+}
+
+func (ls *loaders) product(ctx context.Context, id int64) (*domain.Product, error) {
+	p, ok, err := ls.products.load(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, domain.Errorf(domain.ENOTFOUND, "product %d not found", id)
+	}
+	return p, nil
+}
+
+func (ls *loaders) order(ctx context.Context, orderNo string) (*domain.Order, error) {
+	o, ok, err := ls.orders.load(ctx, orderNo)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, domain.Errorf(domain.ENOTFOUND, "order %s not found", orderNo)
+	}
+	return o, nil
+}

@@ -1,0 +1,81 @@
+// Package model holds the GraphQL types that are not domain types, and the
+// scalars' marshalling. Money leaves as a decimal string ("12.50") and IDs
+// as strings of decimal digits, both through kami/domain/money and strconv,
+// never a float.
+package model
+
+import (
+	"encoding/json"
+	"io"
+	"strconv"
+
+	"github.com/99designs/gqlgen/graphql"
+
+	"kami/domain"
+	"kami/domain/money"
+)
+
+// Order is an order as one caller sees it: Buyer is set when the caller
+// proved it holds the order's access token, which decides whether its codes
+// are shown.
+type Order struct {
+	domain.Order
+	Buyer bool
+}
+
+// MarshalMoney writes fen as a decimal string.
+func MarshalMoney(fen int64) graphql.Marshaler {
+	return graphql.WriterFunc(func(w io.Writer) {
+		io.WriteString(w, strconv.Quote(money.Format(fen)))
+	})
+}
+
+// UnmarshalMoney reads a decimal string ("12.50"); a number or anything
+// else is BAD_INPUT, so no float ever becomes an amount.
+func UnmarshalMoney(v any) (int64, error) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, domain.Errorf(domain.EBADINPUT, "an amount is a string like \"12.50\"")
+	}
+	fen, err := money.Parse(s)
+	if err != nil {
+		return 0, domain.Errorf(domain.EBADINPUT, "%q is not an amount like \"12.50\"", truncate(s, 24))
+	}
+	return fen, nil
+}
+
+// MarshalInt64ID writes an id as a string, as GraphQL's ID is serialised.
+func MarshalInt64ID(id int64) graphql.Marshaler {
+	return graphql.WriterFunc(func(w io.Writer) {
+		io.WriteString(w, strconv.Quote(strconv.FormatInt(id, 10)))
+	})
+}
+
+// UnmarshalInt64ID reads an id given as a string or an integer.
+func UnmarshalInt64ID(v any) (int64, error) {
+	var s string
+	switch v := v.(type) {
+	case string:
+		s = v
+	case json.Number:
+		s = v.String()
+	case int64:
+		return v, nil
+	case int:
+		return int64(v), nil
+	default:
+		return 0, domain.Errorf(domain.EBADINPUT, "an id is a string of digits")
+	}
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, domain.Errorf(domain.EBADINPUT, "%q is not an id", truncate(s, 24))
+	}
+	return id, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
