@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/uptrace/bun"
 
 	"kami/domain"
@@ -19,11 +20,19 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv("KAMI_TEST_LOG") == "" {
+		// go-redis logs every failed dial; the Redis-down tests make many.
+		redis.SetLogger(discardLogger{})
+	}
 	if os.Getenv(workerEnv) != "" {
 		os.Exit(workerMain())
 	}
 	os.Exit(m.Run())
 }
+
+type discardLogger struct{}
+
+func (discardLogger) Printf(context.Context, string, ...any) {}
 
 // clock is a settable clock, safe for concurrent use.
 type clock struct {

@@ -513,6 +513,22 @@ type SweepResult struct {
 // reached, overdue orders are closed straight through the ledger instead.
 func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 	var res SweepResult
+	// Counters first: rebuilt while no close of this sweep is in flight,
+	// the database count includes every give-back a lost counter missed.
+	if w.gate != nil {
+		ps, err := w.ledger.Products(ctx, true)
+		if err != nil {
+			return res, fmt.Errorf("products: %w", err)
+		}
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = p.ID
+		}
+		if res.StockRebuilds, err = w.gate.EnsureMissing(ctx, ids); err != nil {
+			w.c.redisErrors.Add(1)
+			w.log.Warn("stock counters not rebuilt", "err", err)
+		}
+	}
 	now := w.cfg.Now()
 	var after domain.PendingOrder
 	var redisErr error
@@ -584,19 +600,6 @@ func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 	if res.Refunds, err = w.refundQ.ScheduleIfAbsent(ctx, items); err != nil {
 		w.c.redisErrors.Add(1)
 		return res, fmt.Errorf("schedule due refunds: %w", err)
-	}
-	if w.gate != nil {
-		ps, err := w.ledger.Products(ctx, true)
-		if err != nil {
-			return res, fmt.Errorf("products: %w", err)
-		}
-		ids := make([]int64, len(ps))
-		for i, p := range ps {
-			ids[i] = p.ID
-		}
-		if res.StockRebuilds, err = w.gate.EnsureMissing(ctx, ids); err != nil {
-			return res, fmt.Errorf("stock counters: %w", err)
-		}
 	}
 	return res, nil
 }

@@ -1,0 +1,216 @@
+package queue_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/queue"
+	"kami/queue/redistest"
+)
+
+const ttl = 15 * time.Minute
+
+// counterRight waits until the product's stock counter equals its lockable
+// cards in the database.
+func (e *env) counterRight(t *testing.T, productID int64) {
+	t.Helper()
+	eventually(t, 10*time.Second, "stock counter matches the database", func() bool {
+		cs, err := e.ledger.StockCounts(e.ctx, productID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, ok, err := e.gate.Counter(e.ctx, productID)
+		return err == nil && ok && n == cs[productID].Lockable
+	})
+}
+
+func TestWorkersCloseDueOrders(t *testing.T) {
+	combos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{OrderTTL: ttl})
+		p := e.product(t, 60)
+		var nos []string
+		for i := range 40 {
+			placed, err := e.placeViaShop(t, p, fmt.Sprintf("b%d@example.com", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			nos = append(nos, placed.Order.OrderNo)
+		}
+		// A member that names no order: logged, acked, counted.
+		if err := e.sched.ScheduleClose(e.ctx, "00000000000000000000", e.clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+		sub, stop := e.events.Subscribe(e.ctx, nos[0])
+		defer stop()
+		w := e.workers(t, queue.Config{CloseBatch: 7})
+		eventually(t, 10*time.Second, "the unknown member is acked", func() bool { return w.Stats().Unknown == 1 })
+		if n := pendingCount(t, db); n != 40 {
+			t.Fatalf("%d orders pending before their time, want 40", n)
+		}
+		e.clock.Advance(ttl)
+		eventually(t, 20*time.Second, "every due order closed", func() bool { return pendingCount(t, db) == 0 })
+		closedOnce(t, db, nos)
+		mustAudit(t, e.ledger)
+		e.counterRight(t, p.ID)
+		select {
+		case st := <-sub:
+			if st != domain.OrderClosed {
+				t.Errorf("event %s, want CLOSED", st)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("no CLOSED event for a subscribed order")
+		}
+		eventually(t, 5*time.Second, "closes counted", func() bool {
+			st := w.Stats()
+			return st.Closed == 40 && st.LatencyCount == 40
+		})
+		eventually(t, 5*time.Second, "queues empty", func() bool {
+			cq, _, err := w.QueueStats(e.ctx)
+			return err == nil && cq.Backlog == 0 && cq.Leased == 0
+		})
+	})
+}
+
+func TestWorkersCloseWellUnderASecondAfterDue(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Open(t, redistest.Mini)
+	db := dbtest.Open(t, dbtest.SQLite)
+	e := newEnv(t, db, rs, domain.Config{OrderTTL: 700 * time.Millisecond})
+	e.ledger.Now = time.Now // real time: the waker's timing is what is measured
+	p := e.product(t, 20)
+	w := e.workers(t, queue.Config{WakeCap: time.Second})
+	for i := range 10 {
+		if _, err := e.placeViaShop(t, p, fmt.Sprintf("b%d@example.com", i)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(37 * time.Millisecond)
+	}
+	eventually(t, 10*time.Second, "all closed and counted", func() bool { return pendingCount(t, db) == 0 && w.Stats().Closed == 10 })
+	st := w.Stats()
+	if max := time.Duration(st.LatencyMaxNS); max > 300*time.Millisecond {
+		t.Errorf("worst due-to-closed latency %s, want well under a second", max)
+	}
+}
+
+func TestFlushMidRun(t *testing.T) {
+	combos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{OrderTTL: ttl})
+		p := e.product(t, 250)
+		var first, second []string
+		for i := range 100 {
+			placed, err := e.placeViaShop(t, p, fmt.Sprintf("a%d@example.com", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			first = append(first, placed.Order.OrderNo)
+		}
+		e.clock.Advance(5 * time.Minute)
+		for i := range 100 {
+			placed, err := e.placeViaShop(t, p, fmt.Sprintf("b%d@example.com", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			second = append(second, placed.Order.OrderNo)
+		}
+		w := e.workers(t, queue.Config{CloseBatch: 30})
+		e.clock.Advance(ttl - 5*time.Minute)
+		eventually(t, 20*time.Second, "the first hundred closed", func() bool { return pendingCount(t, db) == 100 })
+		// Redis loses everything: the second hundred's schedules and the
+		// stock counter.
+		rs.Wipe(t, e.keys.Prefix())
+		e.clock.Advance(5 * time.Minute)
+		eventually(t, 20*time.Second, "the second hundred closed after the flush", func() bool { return pendingCount(t, db) == 0 })
+		closedOnce(t, db, append(first, second...))
+		mustAudit(t, e.ledger)
+		e.counterRight(t, p.ID)
+		if w.Stats().Swept < 100 {
+			t.Errorf("sweeper restored %d schedules, want at least 100", w.Stats().Swept)
+		}
+	})
+}
+
+func TestCrashWindowBetweenCommitAndSchedule(t *testing.T) {
+	combos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{OrderTTL: ttl})
+		p := e.product(t, 80)
+		// Committed in the database, never scheduled: the process died
+		// between the commit and the ZADD.
+		lost := e.place(t, p, 50)
+		e.clock.Advance(time.Minute)
+		lostLater := e.place(t, p, 20)
+		w := e.workers(t, queue.Config{})
+		eventually(t, 10*time.Second, "the sweeper found the lost schedules", func() bool { return w.Stats().Swept >= 70 })
+		e.clock.Advance(ttl)
+		eventually(t, 20*time.Second, "every order closed", func() bool { return pendingCount(t, db) == 0 })
+		closedOnce(t, db, append(lost, lostLater...))
+		mustAudit(t, e.ledger)
+	})
+}
+
+func TestRedisDownMidRun(t *testing.T) {
+	for _, dk := range []dbtest.Kind{dbtest.SQLite, dbtest.Postgres, dbtest.MySQL} {
+		t.Run(string(dk), func(t *testing.T) {
+			t.Parallel()
+			rs := redistest.Open(t, redistest.Mini)
+			db := dbtest.Open(t, dk)
+			e := newEnv(t, db, rs, domain.Config{OrderTTL: ttl})
+			p := e.product(t, 100)
+			var nos []string
+			for i := range 30 {
+				placed, err := e.placeViaShop(t, p, fmt.Sprintf("a%d@example.com", i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				nos = append(nos, placed.Order.OrderNo)
+			}
+			w := e.workers(t, queue.Config{})
+			addr := rs.Mini.Addr()
+			rs.Mini.Close()
+			if _, err := e.placeViaShop(t, p, "down@example.com"); domain.ErrorCode(err) != domain.EUNAVAILABLE {
+				t.Fatalf("order with Redis down: %v, want UNAVAILABLE", err)
+			}
+			e.clock.Advance(ttl)
+			// Redis is down: the sweeper closes overdue orders itself.
+			eventually(t, 20*time.Second, "overdue orders closed with Redis down", func() bool { return pendingCount(t, db) == 0 })
+			if w.Stats().RedisErrors == 0 {
+				t.Error("no Redis errors counted while Redis was down")
+			}
+			if err := rs.Mini.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			if rs.Mini.Addr() != addr {
+				t.Fatalf("restarted on %s, was %s", rs.Mini.Addr(), addr)
+			}
+			// Back: the queue drains what it still held (already closed:
+			// skipped) and closes new orders.
+			for i := range 20 {
+				var placed *domain.PlacedOrder
+				// The clients find Redis again within their dial backoff;
+				// until then ordering answers UNAVAILABLE (retryable).
+				eventually(t, 10*time.Second, "ordering resumes", func() bool {
+					var err error
+					placed, err = e.placeViaShop(t, p, fmt.Sprintf("b%d@example.com", i))
+					if err != nil && domain.ErrorCode(err) != domain.EUNAVAILABLE {
+						t.Fatal(err)
+					}
+					return err == nil
+				})
+				nos = append(nos, placed.Order.OrderNo)
+			}
+			e.clock.Advance(ttl)
+			eventually(t, 20*time.Second, "orders closed after Redis came back", func() bool { return pendingCount(t, db) == 0 })
+			eventually(t, 10*time.Second, "queue drained", func() bool {
+				cq, _, err := w.QueueStats(e.ctx)
+				return err == nil && cq.Backlog == 0 && cq.Leased == 0
+			})
+			closedOnce(t, db, nos)
+			mustAudit(t, e.ledger)
+			e.counterRight(t, p.ID)
+		})
+	}
+}
