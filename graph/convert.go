@@ -169,8 +169,10 @@ func stats(ctx context.Context, cfg Config) (*model.Stats, error) {
 	if err != nil {
 		return nil, err
 	}
+	ls := loadersOf(ctx)
 	for i := range ps {
 		c := counts[ps[i].ID]
+		ls.stock.prime(ps[i].ID)
 		out.Stock = append(out.Stock, &model.ProductStock{Product: &ps[i], Lockable: c.Lockable, Locked: c.Locked, Sold: c.Sold})
 	}
 	if out.Stock == nil {

@@ -80,12 +80,18 @@ type loadersKey struct{}
 
 func withLoaders(ctx context.Context, l *domain.Ledger) context.Context {
 	ls := &loaders{
-		products: newLoader(l.ProductsByID),
 		stock: newLoader(func(ctx context.Context, ids []int64) (map[int64]domain.StockCount, error) {
 			return l.StockCounts(ctx, ids...)
 		}),
 		codes: newLoader(l.SoldCodes),
 	}
+	ls.products = newLoader(func(ctx context.Context, ids []int64) (map[int64]*domain.Product, error) {
+		ps, err := l.ProductsByID(ctx, ids)
+		for id := range ps {
+			ls.stock.prime(id)
+		}
+		return ps, err
+	})
 	ls.orders = newLoader(func(ctx context.Context, nos []string) (map[string]*domain.Order, error) {
 		os, err := l.OrdersByNo(ctx, nos)
 		for _, o := range os {
