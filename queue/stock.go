@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,10 @@ type StockGate struct {
 	group singleflight.Group
 	// rebuilds counts the database counts this process made.
 	rebuilds atomic.Int64
+	// dirty holds products whose counter may be wrong because a call
+	// failed half-way (Redis down during a give-back or take).
+	dirtyMu sync.Mutex
+	dirty   map[int64]bool
 	// RebuildWait bounds how long a take waits for another process to
 	// rebuild a missing counter before reporting the gate unavailable.
 	RebuildWait time.Duration
@@ -64,6 +69,8 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 	for attempt := 0; ; attempt++ {
 		r, err := takeScript.Run(ctx, g.rdb, []string{key}, qty).Int()
 		if err != nil {
+			// The take may have happened with its answer lost.
+			g.markDirty(productID)
 			return false, err
 		}
 		if r >= 0 {
@@ -84,7 +91,41 @@ func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) erro
 	if qty <= 0 {
 		return nil
 	}
-	return giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID)}, qty).Err()
+	err := giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID)}, qty).Err()
+	if err != nil {
+		g.markDirty(productID)
+	}
+	return err
+}
+
+func (g *StockGate) markDirty(productID int64) {
+	g.dirtyMu.Lock()
+	defer g.dirtyMu.Unlock()
+	if g.dirty == nil {
+		g.dirty = map[int64]bool{}
+	}
+	g.dirty[productID] = true
+}
+
+// ResetDirty drops the counters this process may have left wrong (a take or
+// give-back that failed while Redis was away), so they are rebuilt from the
+// database once, like lost ones. It reports how many it dropped.
+func (g *StockGate) ResetDirty(ctx context.Context) (int, error) {
+	g.dirtyMu.Lock()
+	ids := make([]int64, 0, len(g.dirty))
+	for id := range g.dirty {
+		ids = append(ids, id)
+	}
+	g.dirtyMu.Unlock()
+	for i, id := range ids {
+		if err := g.rdb.Del(ctx, g.keys.Stock(id)).Err(); err != nil {
+			return i, err
+		}
+		g.dirtyMu.Lock()
+		delete(g.dirty, id)
+		g.dirtyMu.Unlock()
+	}
+	return len(ids), nil
 }
 
 // Counter reads a product's counter; ok is false when it is missing.

@@ -524,6 +524,9 @@ func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 		for i, p := range ps {
 			ids[i] = p.ID
 		}
+		if _, err := w.gate.ResetDirty(ctx); err != nil {
+			w.c.redisErrors.Add(1)
+		}
 		if res.StockRebuilds, err = w.gate.EnsureMissing(ctx, ids); err != nil {
 			w.c.redisErrors.Add(1)
 			w.log.Warn("stock counters not rebuilt", "err", err)
