@@ -61,7 +61,7 @@ var testKey = func() []byte {
 }()
 
 func quietLogger() *slog.Logger {
-	if testing.Verbose() && os.Getenv("KAMI_TEST_LOG") != "" {
+	if os.Getenv("KAMI_TEST_LOG") != "" {
 		return slog.Default()
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
