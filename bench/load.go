@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"kami/providers/sandbox"
+)
+
+// client talks to one kami over HTTP keep-alive.
+type client struct {
+	base       string // http://127.0.0.1:port
+	http       *http.Client
+	adminToken string
+	secret     string // KAMI_SANDBOX_SECRET
+}
+
+func newClient(base, adminToken, secret string, conns int) *client {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        conns + 16,
+		MaxIdleConnsPerHost: conns + 16,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+	return &client{base: base, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, adminToken: adminToken, secret: secret}
+}
+
+type gqlError struct {
+	Message    string `json:"message"`
+	Extensions struct {
+		Code string `json:"code"`
+	} `json:"extensions"`
+}
+
+// callError is a failed call: code is extensions.code, HTTP_<status> or
+// TRANSPORT, what the error counts group by.
+type callError struct {
+	code string
+	msg  string
+}
+
+func (e *callError) Error() string { return e.code + ": " + e.msg }
+
+func errCode(err error) string {
+	if ce, ok := err.(*callError); ok {
+		return ce.code
+	}
+	return "TRANSPORT"
+}
+
+// graphql runs one operation and decodes data into out.
+func (c *client) graphql(ctx context.Context, query string, vars map[string]any, admin bool, out any) error {
+	body, err := json.Marshal(map[string]any{"query": query, "variables": vars})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/graphql", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/graphql-response+json, application/json")
+	if admin {
+		req.Header.Set("Authorization", "Bearer "+c.adminToken)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return &callError{"TRANSPORT", err.Error()}
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return &callError{"TRANSPORT", err.Error()}
+	}
+	var r struct {
+		Data   json.RawMessage `json:"data"`
+		Errors []gqlError      `json:"errors"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return &callError{fmt.Sprintf("HTTP_%d", resp.StatusCode), truncate(string(raw), 200)}
+	}
+	if len(r.Errors) > 0 {
+		code := r.Errors[0].Extensions.Code
+		if code == "" {
+			code = fmt.Sprintf("HTTP_%d", resp.StatusCode)
+		}
+		return &callError{code, r.Errors[0].Message}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return &callError{fmt.Sprintf("HTTP_%d", resp.StatusCode), truncate(string(raw), 200)}
+	}
+	if out != nil {
+		return json.Unmarshal(r.Data, out)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// pay posts a signed sandbox payment notification for an order, as the
+// sandbox gateway would. nil means 200.
+func (c *client) pay(ctx context.Context, orderNo, amount string) error {
+	n := sandbox.Notification{OrderNo: orderNo, TradeNo: "BT" + orderNo, Amount: amount,
+		PaidAt: time.Now().UTC().Format(time.RFC3339)}
+	header, body := sandbox.Signed(c.secret, n)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/webhooks/sandbox", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header = header
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return &callError{"TRANSPORT", err.Error()}
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return &callError{fmt.Sprintf("HTTP_%d", resp.StatusCode), "webhook refused"}
+	}
+	return nil
+}
+
+// setupProduct creates a product and imports cards codes through the API.
+func (c *client) setupProduct(ctx context.Context, name string, cards int) (string, error) {
+	var cp struct {
+		CreateProduct struct {
+			ID string `json:"id"`
+		} `json:"createProduct"`
+	}
+	err := c.graphql(ctx, `mutation($in: CreateProductInput!) { createProduct(input: $in) { id } }`,
+		map[string]any{"in": map[string]any{"name": name, "price": "1.00", "description": "kami bench"}}, true, &cp)
+	if err != nil {
+		return "", fmt.Errorf("createProduct: %w", err)
+	}
+	id := cp.CreateProduct.ID
+	const batch = 10_000 // importCards' limit per call
+	for start := 0; start < cards; start += batch {
+		codes := make([]string, 0, batch)
+		for i := start; i < min(start+batch, cards); i++ {
+			codes = append(codes, fmt.Sprintf("%s-%07d", name, i))
+		}
+		var ic struct {
+			ImportCards struct {
+				Imported   int `json:"imported"`
+				Duplicates int `json:"duplicates"`
+			} `json:"importCards"`
+		}
+		if err := c.graphql(ctx, `mutation($p: ID!, $codes: [String!]!) { importCards(productId: $p, codes: $codes) { imported duplicates } }`,
+			map[string]any{"p": id, "codes": codes}, true, &ic); err != nil {
+			return "", fmt.Errorf("importCards: %w", err)
+		}
+		if ic.ImportCards.Imported != len(codes) {
+			return "", fmt.Errorf("importCards imported %d of %d codes", ic.ImportCards.Imported, len(codes))
+		}
+	}
+	return id, nil
+}
+
+// stats reads kami's stats query; nil when it cannot.
+func (c *client) stats(ctx context.Context) *StatsReport {
+	var out struct {
+		Stats StatsReport `json:"stats"`
+	}
+	if err := c.graphql(ctx, `{ stats { closeSuccessRate queues { name backlog oldestOverdueSeconds } } }`, nil, true, &out); err != nil {
+		return nil
+	}
+	return &out.Stats
+}
+
+// createOrderQuery is what a storefront asks for: the order, the buyer's
+// token and how to pay.
+const createOrderQuery = `mutation Buy($in: CreateOrderInput!) {
+  createOrder(input: $in) {
+    order { orderNo status amount expiresAt }
+    accessToken
+    payment { kind url expiresAt }
+  }
+}`
+
+type createOrderData struct {
+	CreateOrder struct {
+		Order struct {
+			OrderNo string `json:"orderNo"`
+			Status  string `json:"status"`
+			Amount  string `json:"amount"`
+		} `json:"order"`
+		AccessToken string `json:"accessToken"`
+	} `json:"createOrder"`
+}
+
+// shouldPay spreads the paid share evenly over the orders: order i pays
+// when floor((i+1)·share) passes floor(i·share), so exactly
+// floor(n·share) of the first n orders pay.
+func shouldPay(i int, share float64) bool {
+	return int(float64(i+1)*share) > int(float64(i)*share)
+}
+
+// loadResult is the place phase's raw measurements.
+type loadResult struct {
+	wall        time.Duration
+	placed      []time.Duration
+	placeErrors map[string]int
+	paid        []time.Duration
+	paySent     int
+	payErrors   map[string]int
+	firstError  string
+}
+
+// runLoad places n orders from conc workers; each pays its order right
+// after when shouldPay says so.
+func runLoad(ctx context.Context, c *client, productID, runID string, n, conc int, share float64) loadResult {
+	var next atomic.Int64
+	type workerOut struct {
+		placed, paid       []time.Duration
+		placeErrs, payErrs map[string]int
+		paySent            int
+		firstErr           string
+	}
+	outs := make([]workerOut, conc)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func(out *workerOut) {
+			defer wg.Done()
+			out.placeErrs, out.payErrs = map[string]int{}, map[string]int{}
+			out.placed = make([]time.Duration, 0, n/conc+1)
+			vars := map[string]any{}
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				vars["in"] = map[string]any{"productId": productID, "quantity": 1,
+					"contact": fmt.Sprintf("buyer-%s-%d@bench.test", runID, i), "provider": "sandbox"}
+				var data createOrderData
+				t0 := time.Now()
+				err := c.graphql(ctx, createOrderQuery, vars, false, &data)
+				d := time.Since(t0)
+				if err != nil {
+					out.placeErrs[errCode(err)]++
+					if out.firstErr == "" {
+						out.firstErr = err.Error()
+					}
+					continue
+				}
+				out.placed = append(out.placed, d)
+				if !shouldPay(i, share) {
+					continue
+				}
+				o := data.CreateOrder.Order
+				out.paySent++
+				t0 = time.Now()
+				err = c.pay(ctx, o.OrderNo, o.Amount)
+				d = time.Since(t0)
+				if err != nil {
+					out.payErrs[errCode(err)]++
+					if out.firstErr == "" {
+						out.firstErr = "payment: " + err.Error()
+					}
+					continue
+				}
+				out.paid = append(out.paid, d)
+			}
+		}(&outs[w])
+	}
+	wg.Wait()
+	res := loadResult{wall: time.Since(start), placeErrors: map[string]int{}, payErrors: map[string]int{}}
+	for _, o := range outs {
+		res.placed = append(res.placed, o.placed...)
+		res.paid = append(res.paid, o.paid...)
+		res.paySent += o.paySent
+		for k, v := range o.placeErrs {
+			res.placeErrors[k] += v
+		}
+		for k, v := range o.payErrs {
+			res.payErrors[k] += v
+		}
+		if res.firstError == "" {
+			res.firstError = o.firstErr
+		}
+	}
+	if ctx.Err() != nil {
+		res.placeErrors["NOT_SENT_TIMEOUT"] = n - len(res.placed) - sum(res.placeErrors)
+	}
+	return res
+}
+
+func sum(m map[string]int) int {
+	t := 0
+	for _, v := range m {
+		t += v
+	}
+	return t
+}

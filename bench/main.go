@@ -1,0 +1,408 @@
+// Command bench drives a running kami over HTTP like real storefronts and
+// reports what kami can do end to end:
+//
+//	go run ./bench                       # build kami, start it on a fresh PostgreSQL database and real Redis
+//	go run ./bench -orders 50000 -concurrency 128 -pay-share 0.3 -json out.json
+//	go run ./bench -url http://127.0.0.1:8080 -admin-token T -sandbox-secret S -db postgres://… -pid 1234
+//
+// One run has four phases.
+//
+//  1. Place: -concurrency workers send -orders createOrder mutations over
+//     HTTP keep-alive (GraphQL, distinct contacts, quantity 1, provider
+//     sandbox). For the -pay-share of the orders, spread evenly, the worker
+//     then posts a signed sandbox payment notification to /webhooks/sandbox
+//     at once, as the gateway would. Reported: orders placed per second
+//     (successful createOrder over the phase's wall time, payments
+//     included, as a shop sees them), createOrder latency, errors by
+//     extensions.code, payments per second and their latency.
+//  2. Close: the unpaid orders expire after KAMI_ORDER_TTL (-ttl, short)
+//     and kami's close workers close them. The tool counts orders by status
+//     in the database until none is PENDING, then reports closes per second
+//     (closed orders over the time from the first expiry to the last close)
+//     and due-to-closed latency (closed_at − expires_at per order).
+//  3. Direct: the same database, opened in this process with domain.OpenDB
+//     and a pool as large as the server's, runs the same number of
+//     Ledger.PlaceOrder calls at the same concurrency on a new product.
+//     "Direct" is the ledger's own transaction (insert the order, lock a
+//     card with SKIP LOCKED, write the stock journal) without HTTP,
+//     GraphQL, the Redis stock gate, close scheduling and events; the
+//     ratio end-to-end / direct is what kami's layers leave of it. Direct
+//     orders get a TTL of an hour so that the server never closes them
+//     while the phase runs.
+//  4. Check: the server's peak memory (VmHWM from /proc, and the largest
+//     VmRSS sampled during the run), its CPU use while placing, a clean
+//     exit on SIGTERM, and Ledger.Audit over the whole database: a load
+//     test that corrupts the ledger says so, and exits 1.
+//
+// By default the tool builds kami from the repo (go build), creates a fresh
+// PostgreSQL database on -pg (dropped at the end unless -keep), gives the
+// server a unique KAMI_REDIS_PREFIX on -redis (its keys are deleted at the
+// end unless -keep), generates the admin token and sandbox secret, turns
+// the per-contact and per-address caps off (they would refuse a load
+// test), and stops the server with SIGTERM at the end. It only talks to
+// loopback addresses, and -timeout bounds the run after the build.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+)
+
+type options struct {
+	url, adminToken, sandboxSecret string
+	pid                            int
+	kamiBin, repo                  string
+	db, pg, redis                  string
+	ttl                            time.Duration
+	orders, concurrency            int
+	directOrders                   int
+	payShare                       float64
+	dbMaxConns                     int
+	noDirect, keep                 bool
+	jsonFile                       string
+	timeout                        time.Duration
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&o.url, "url", "", "an already running kami (http://127.0.0.1:PORT); empty: build and start one")
+	fs.StringVar(&o.adminToken, "admin-token", "", "with -url: its KAMI_ADMIN_TOKEN")
+	fs.StringVar(&o.sandboxSecret, "sandbox-secret", "", "with -url: its KAMI_SANDBOX_SECRET")
+	fs.IntVar(&o.pid, "pid", 0, "with -url: the server's process id, for its memory and CPU")
+	fs.StringVar(&o.kamiBin, "kami-bin", "", "a kami binary to run instead of building one")
+	fs.StringVar(&o.repo, "repo", ".", "the kami repo to build from")
+	fs.StringVar(&o.db, "db", "", "the database URL (KAMI_DATABASE_URL); empty: a fresh PostgreSQL database on -pg")
+	fs.StringVar(&o.pg, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL server on which to create the fresh database")
+	fs.StringVar(&o.redis, "redis", "redis://127.0.0.1:6379/0", "KAMI_REDIS_URL for the server started")
+	fs.DurationVar(&o.ttl, "ttl", 5*time.Second, "KAMI_ORDER_TTL for the server started")
+	fs.IntVar(&o.orders, "orders", 20000, "orders to place over HTTP")
+	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent storefront workers (and direct callers)")
+	fs.IntVar(&o.directOrders, "direct-orders", 0, "orders for the direct phase; 0: as many as -orders")
+	fs.Float64Var(&o.payShare, "pay-share", 0.5, "share of orders paid through the sandbox webhook, 0 to 1")
+	fs.IntVar(&o.dbMaxConns, "db-max-conns", 20, "KAMI_DB_MAX_CONNS of the server, and the direct phase's pool")
+	fs.BoolVar(&o.noDirect, "no-direct", false, "skip the direct phase")
+	fs.BoolVar(&o.keep, "keep", false, "keep the database, the Redis keys and the temp folder")
+	fs.StringVar(&o.jsonFile, "json", "", "also write the report as JSON to this file")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the run after the build")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case o.orders < 1 || o.orders > 2_000_000:
+		return nil, fmt.Errorf("-orders: want 1 to 2000000")
+	case o.concurrency < 1 || o.concurrency > 4096:
+		return nil, fmt.Errorf("-concurrency: want 1 to 4096")
+	case o.payShare < 0 || o.payShare > 1:
+		return nil, fmt.Errorf("-pay-share: want 0 to 1")
+	case o.timeout <= 0 || o.timeout > 2*time.Hour:
+		return nil, fmt.Errorf("-timeout: want up to 2h")
+	case o.ttl < time.Second:
+		return nil, fmt.Errorf("-ttl: kami takes at least 1s")
+	case o.dbMaxConns < 1:
+		return nil, fmt.Errorf("-db-max-conns: want at least 1")
+	case o.directOrders < 0 || o.directOrders > 2_000_000:
+		return nil, fmt.Errorf("-direct-orders: want 0 to 2000000")
+	}
+	if o.directOrders == 0 {
+		o.directOrders = o.orders
+	}
+	if o.url != "" {
+		if o.adminToken == "" || (o.sandboxSecret == "" && o.payShare > 0) {
+			return nil, fmt.Errorf("-url needs -admin-token, and -sandbox-secret when -pay-share is above 0")
+		}
+		if err := checkLoopbackURL("-url", o.url); err != nil {
+			return nil, err
+		}
+		o.url = strings.TrimRight(o.url, "/")
+	}
+	if err := checkLoopbackURL("-db", o.db); err != nil {
+		return nil, err
+	}
+	if o.url == "" && o.db == "" {
+		if err := checkLoopbackURL("-pg", o.pg); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkLoopbackRedis(o.redis); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		if err != flag.ErrHelp {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+		}
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, o)
+	stop()
+	os.Exit(code)
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+// run does one bench run and returns the exit code: 0 when every phase ran
+// and the ledger is clean, 1 otherwise. Missing a target is a result, not a
+// failure.
+func run(ctx context.Context, o *options) (code int) {
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+		return 1
+	}
+	runID := time.Now().UTC().Format("150405") + randomHex(2)
+	rep := &Report{Started: time.Now().UTC(), CPUs: runtime.NumCPU(), Orders: o.orders, Concurrency: o.concurrency,
+		PayShare: o.payShare, TTL: o.ttl.String(), DBMaxConns: o.dbMaxConns}
+
+	// The database.
+	dbURL := o.db
+	if dbURL == "" && o.url == "" {
+		u, name, drop, err := freshPostgres(ctx, o.pg)
+		if err != nil {
+			return fail("%v", err)
+		}
+		dbURL = u
+		if o.keep {
+			rep.Notes = append(rep.Notes, "kept database "+name)
+		} else {
+			cleanups = append(cleanups, func() {
+				if err := drop(); err != nil {
+					progress("%v", err)
+				}
+			})
+		}
+	}
+	rep.Database = "none given (-db): closes, direct and audit skipped"
+	if dbURL != "" {
+		rep.Database = describeDB(dbURL)
+	}
+
+	// The server.
+	base, adminToken, secret, pid := o.url, o.adminToken, o.sandboxSecret, o.pid
+	var srv *serverProc
+	if o.url == "" {
+		tmp, err := os.MkdirTemp("", "kami-bench-")
+		if err != nil {
+			return fail("%v", err)
+		}
+		if o.keep {
+			rep.Notes = append(rep.Notes, "kept "+tmp)
+		} else {
+			cleanups = append(cleanups, func() { os.RemoveAll(tmp) })
+		}
+		bin := o.kamiBin
+		if bin == "" {
+			repo, err := findRepoRoot(o.repo)
+			if err != nil {
+				return fail("%v", err)
+			}
+			progress("building kami from %s", repo)
+			if bin, err = buildKami(ctx, repo, tmp); err != nil {
+				return fail("%v", err)
+			}
+		}
+		addr, err := freeLoopbackAddr()
+		if err != nil {
+			return fail("%v", err)
+		}
+		base = "http://" + addr
+		adminToken, secret = randomHex(24), randomHex(24)
+		prefix := "kami-bench-" + runID + ":"
+		env := []string{
+			"KAMI_ADDR=" + addr,
+			"KAMI_PUBLIC_URL=" + base,
+			"KAMI_DATA_DIR=" + filepath.Join(tmp, "data"),
+			"KAMI_DATABASE_URL=" + dbURL,
+			"KAMI_DB_MAX_CONNS=" + strconv.Itoa(o.dbMaxConns),
+			"KAMI_REDIS_URL=" + o.redis,
+			"KAMI_REDIS_PREFIX=" + prefix,
+			"KAMI_ORDER_TTL=" + o.ttl.String(),
+			"KAMI_ADMIN_TOKEN=" + adminToken,
+			"KAMI_SANDBOX_SECRET=" + secret,
+			"KAMI_MAX_PENDING_PER_CONTACT=0",
+			"KAMI_MAX_PENDING_PER_ADDRESS=0",
+			"KAMI_LOG_LEVEL=warn",
+		}
+		progress("starting kami on %s", addr)
+		if srv, err = startKami(ctx, bin, env, base); err != nil {
+			return fail("%v", err)
+		}
+		pid = srv.pid()
+		rep.Server = fmt.Sprintf("started by bench (pid %d, %s)", pid, base)
+		cleanups = append(cleanups, func() { srv.stop(40 * time.Second) }) // no-op once stopped
+		if !o.keep {
+			cleanups = append(cleanups, func() {
+				if err := dropRedisPrefix(o.redis, prefix); err != nil {
+					progress("deleting the Redis keys under %s: %v", prefix, err)
+				}
+			})
+		}
+		rep.Redis = fmt.Sprintf("%s, prefix %s", describeDB(o.redis), prefix)
+	} else {
+		rep.Server = o.url
+		rep.Redis = "the server's own"
+	}
+
+	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	c := newClient(base, adminToken, secret, o.concurrency)
+
+	var db *bun.DB
+	if dbURL != "" {
+		var err error
+		if db, err = domain.OpenDB(runCtx, dbURL, os.TempDir(), domain.DBOptions{MaxOpenConns: o.dbMaxConns}); err != nil {
+			return fail("opening the database: %v", err)
+		}
+		cleanups = append(cleanups, func() { db.Close() })
+	}
+
+	// Setup through the API.
+	progress("creating the product and importing %d cards", o.orders)
+	productName := "bench-" + runID
+	productID, err := c.setupProduct(runCtx, productName, o.orders)
+	if err != nil {
+		return fail("setup: %v", err)
+	}
+
+	// Place.
+	var rss *rssSampler
+	var srvCPU0 time.Duration
+	if pid > 0 {
+		rss = sampleRSS(pid, 100*time.Millisecond)
+		srvCPU0, _ = procCPU(pid)
+	}
+	selfCPU0 := selfCPU()
+	busy0, total0 := machineCPU()
+	progress("placing %d orders at concurrency %d, paying %.0f%%", o.orders, o.concurrency, 100*o.payShare)
+	lr := runLoad(runCtx, c, productID, runID, o.orders, o.concurrency, o.payShare)
+	busy1, total1 := machineCPU()
+	wall := lr.wall
+	if pid > 0 {
+		if cpu, err := procCPU(pid); err == nil {
+			rep.Process.ServerCores = (cpu - srvCPU0).Seconds() / wall.Seconds()
+		}
+	}
+	rep.Process.BenchCores = (selfCPU() - selfCPU0).Seconds() / wall.Seconds()
+	if total1 > total0 {
+		rep.Process.MachineBusy = float64(busy1-busy0) / float64(total1-total0)
+	}
+	rep.Place = PlaceReport{OK: len(lr.placed), Errors: lr.placeErrors, WallSeconds: wall.Seconds(),
+		OrdersPerSec: rate(len(lr.placed), wall), Latency: summarize(lr.placed),
+		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall)}
+	rep.Pay = PayReport{Sent: lr.paySent, OK: len(lr.paid), Errors: lr.payErrors,
+		PaymentsPerSec: rate(len(lr.paid), wall), Latency: summarize(lr.paid)}
+	if lr.firstError != "" {
+		rep.Notes = append(rep.Notes, "first error: "+lr.firstError)
+	}
+	progress("placed %d orders/s", int(rep.Place.OrdersPerSec))
+
+	// Close.
+	pidProduct, _ := strconv.ParseInt(productID, 10, 64)
+	if db != nil && runCtx.Err() == nil {
+		progress("waiting for the %d unpaid orders to close", len(lr.placed)-len(lr.paid))
+		cr, err := waitForCloses(runCtx, db, pidProduct, len(lr.placed)-len(lr.paid))
+		if err != nil {
+			rep.Notes = append(rep.Notes, "measuring closes: "+err.Error())
+		} else {
+			rep.Close = cr
+		}
+	}
+	if runCtx.Err() == nil {
+		rep.Stats = c.stats(runCtx)
+	}
+	if rss != nil {
+		rep.Process.PID = pid
+		rep.Process.MaxRSSMiB = float64(rss.Stop()) / 1024
+		if kib, err := procStatusKiB(pid, "VmHWM"); err == nil {
+			rep.Process.PeakMemoryMiB = float64(kib) / 1024
+		}
+	}
+
+	// Direct.
+	var ledger *domain.Ledger
+	if db != nil {
+		if ledger, err = directLedger(db); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if ledger != nil && !o.noDirect && runCtx.Err() == nil {
+		progress("placing %d orders directly through the ledger", o.directOrders)
+		d, err := runDirect(runCtx, ledger, runID, o.directOrders, o.concurrency)
+		if err != nil {
+			rep.Notes = append(rep.Notes, "direct phase: "+err.Error())
+		} else {
+			rep.Direct = d
+			if d.OrdersPerSec > 0 {
+				rep.Ratio = rep.Place.OrdersPerSec / d.OrdersPerSec
+			}
+		}
+	}
+
+	// Check.
+	ok := true
+	if srv != nil {
+		progress("stopping kami")
+		rep.Process.Exit = srv.stop(40 * time.Second)
+		ok = ok && strings.HasPrefix(rep.Process.Exit, "clean")
+		rep.Process.LogWarnings, rep.Process.LogErrors = srv.log.Counts()
+		if rep.Process.LogWarnings+rep.Process.LogErrors > 0 {
+			rep.Process.LogTail = srv.log.Tail()
+		}
+	}
+	if ledger != nil {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Minute)
+		rep.Audit = runAudit(actx, ledger)
+		acancel()
+		ok = ok && rep.Audit.Clean
+	}
+	if runCtx.Err() != nil && ctx.Err() == nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the run hit -timeout %s; later phases are partial or missing", o.timeout))
+		ok = false
+	}
+	if ctx.Err() != nil {
+		rep.Notes = append(rep.Notes, "interrupted")
+		ok = false
+	}
+
+	rep.Write(os.Stdout)
+	if o.jsonFile != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(o.jsonFile, append(b, '\n'), 0o644); err != nil {
+			progress("writing %s: %v", o.jsonFile, err)
+			ok = false
+		}
+	}
+	if !ok {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,295 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Latency summarises a set of request durations, in milliseconds.
+type Latency struct {
+	Count  int     `json:"count"`
+	P50Ms  float64 `json:"p50_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+	MaxMs  float64 `json:"max_ms"`
+	MeanMs float64 `json:"mean_ms"`
+}
+
+// percentile is the nearest-rank percentile (q in [0, 1]) of sorted: the
+// smallest value at least q of the values are at or below. 0 for none.
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(q * float64(n)))
+	rank = max(1, min(rank, n))
+	return sorted[rank-1]
+}
+
+// summarize sorts ds in place and returns its summary.
+func summarize(ds []time.Duration) Latency {
+	if len(ds) == 0 {
+		return Latency{}
+	}
+	slices.Sort(ds)
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return Latency{
+		Count:  len(ds),
+		P50Ms:  ms(percentile(ds, 0.50)),
+		P99Ms:  ms(percentile(ds, 0.99)),
+		MaxMs:  ms(ds[len(ds)-1]),
+		MeanMs: ms(sum / time.Duration(len(ds))),
+	}
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1000 }
+
+// rate is n per second over d; 0 when d is not positive.
+func rate(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// Report is everything one run measured; -json writes it as is.
+type Report struct {
+	Started     time.Time `json:"started"`
+	Database    string    `json:"database"` // dialect and database name, never a password
+	Redis       string    `json:"redis"`
+	Server      string    `json:"server"` // "started by bench" or the -url given
+	CPUs        int       `json:"cpus"`
+	Orders      int       `json:"orders"`
+	Concurrency int       `json:"concurrency"`
+	PayShare    float64   `json:"pay_share"`
+	TTL         string    `json:"ttl"`
+	DBMaxConns  int       `json:"db_max_conns"`
+
+	Place   PlaceReport   `json:"place"`
+	Pay     PayReport     `json:"pay"`
+	Close   *CloseReport  `json:"close,omitempty"`
+	Direct  *DirectReport `json:"direct,omitempty"`
+	Ratio   float64       `json:"ratio_end_to_end_over_direct,omitempty"`
+	Process ProcessReport `json:"process"`
+	Stats   *StatsReport  `json:"stats,omitempty"`
+	Audit   *AuditReport  `json:"audit,omitempty"`
+	Notes   []string      `json:"notes,omitempty"`
+}
+
+// PlaceReport is the createOrder phase.
+type PlaceReport struct {
+	OK           int            `json:"ok"`
+	Errors       map[string]int `json:"errors,omitempty"` // by extensions.code, HTTP_<status> or TRANSPORT
+	WallSeconds  float64        `json:"wall_seconds"`
+	OrdersPerSec float64        `json:"orders_per_sec"`
+	Latency      Latency        `json:"latency"`
+	// RequestsPerSec counts createOrder and webhook requests together.
+	RequestsPerSec float64 `json:"requests_per_sec"`
+}
+
+// PayReport is the sandbox webhook calls made during the place phase.
+type PayReport struct {
+	Sent           int            `json:"sent"`
+	OK             int            `json:"ok"` // 200 answers
+	Errors         map[string]int `json:"errors,omitempty"`
+	PaymentsPerSec float64        `json:"payments_per_sec"`
+	Latency        Latency        `json:"latency"`
+}
+
+// CloseReport is the expiry of the unpaid orders.
+type CloseReport struct {
+	Unpaid        int            `json:"unpaid"`
+	Closed        int            `json:"closed"`
+	Complete      bool           `json:"complete"` // no order was PENDING at the end
+	WindowSeconds float64        `json:"window_seconds"`
+	ClosesPerSec  float64        `json:"closes_per_sec"`
+	DueToClosed   Latency        `json:"due_to_closed"`
+	Statuses      map[string]int `json:"statuses"`
+}
+
+// DirectReport is Ledger.PlaceOrder in-process, no server in the way.
+type DirectReport struct {
+	OK           int            `json:"ok"`
+	Errors       map[string]int `json:"errors,omitempty"`
+	WallSeconds  float64        `json:"wall_seconds"`
+	OrdersPerSec float64        `json:"orders_per_sec"`
+	Latency      Latency        `json:"latency"`
+}
+
+// ProcessReport is the server process seen from /proc, and the machine.
+type ProcessReport struct {
+	PID           int     `json:"pid,omitempty"`
+	PeakMemoryMiB float64 `json:"peak_memory_mib,omitempty"` // VmHWM at the end
+	MaxRSSMiB     float64 `json:"max_rss_mib,omitempty"`     // largest sampled VmRSS
+	// CPU use during the place phase, in cores (1.0 = one core busy).
+	ServerCores float64  `json:"server_cores,omitempty"`
+	BenchCores  float64  `json:"bench_cores,omitempty"`
+	MachineBusy float64  `json:"machine_busy,omitempty"` // share of all CPUs busy
+	Exit        string   `json:"exit,omitempty"`
+	LogWarnings int      `json:"log_warnings,omitempty"`
+	LogErrors   int      `json:"log_errors,omitempty"`
+	LogTail     []string `json:"log_tail,omitempty"`
+}
+
+// StatsReport is kami's own stats query at the end.
+type StatsReport struct {
+	CloseSuccessRate *float64 `json:"close_success_rate"`
+	Queues           []struct {
+		Name                 string  `json:"name"`
+		Backlog              int     `json:"backlog"`
+		OldestOverdueSeconds float64 `json:"oldestOverdueSeconds"`
+	} `json:"queues"`
+}
+
+// AuditReport is Ledger.Audit at the end.
+type AuditReport struct {
+	Clean      bool     `json:"clean"`
+	Violations []string `json:"violations,omitempty"`
+	Error      string   `json:"error,omitempty"`
+}
+
+// Targets of issue 6.
+const (
+	targetOrdersPerSec = 1500
+	targetRatio        = 0.30
+)
+
+// Write prints the report for people.
+func (r *Report) Write(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	lat := func(l Latency) string {
+		return fmt.Sprintf("p50 %s  p99 %s  max %s  mean %s", fmtMs(l.P50Ms), fmtMs(l.P99Ms), fmtMs(l.MaxMs), fmtMs(l.MeanMs))
+	}
+	p("kami bench, %s", r.Started.Format(time.RFC3339))
+	p("  server        %s", r.Server)
+	p("  database      %s", r.Database)
+	p("  redis         %s", r.Redis)
+	p("  load          %d orders, concurrency %d, pay share %.2f, TTL %s, DB pool %d, %d CPUs",
+		r.Orders, r.Concurrency, r.PayShare, r.TTL, r.DBMaxConns, r.CPUs)
+	p("")
+	p("place  createOrder over HTTP + GraphQL")
+	p("  orders placed %d in %.2fs: %.0f orders/s", r.Place.OK, r.Place.WallSeconds, r.Place.OrdersPerSec)
+	p("  latency       %s", lat(r.Place.Latency))
+	p("  errors        %s", fmtCounts(r.Place.Errors))
+	p("  all requests  %.0f/s (createOrder + webhook)", r.Place.RequestsPerSec)
+	p("pay    signed sandbox notification, POST /webhooks/sandbox")
+	p("  paid          %d of %d answered 200: %.0f payments/s", r.Pay.OK, r.Pay.Sent, r.Pay.PaymentsPerSec)
+	p("  latency       %s", lat(r.Pay.Latency))
+	p("  errors        %s", fmtCounts(r.Pay.Errors))
+	if c := r.Close; c != nil {
+		state := "all closed"
+		if !c.Complete {
+			state = "INCOMPLETE: orders still PENDING at the deadline"
+		}
+		p("close  unpaid orders expire after the TTL (%s)", state)
+		p("  closed        %d of %d unpaid, first expiry to last close %.2fs: %.0f closes/s", c.Closed, c.Unpaid, c.WindowSeconds, c.ClosesPerSec)
+		p("  due→closed    %s", lat(c.DueToClosed))
+		p("  statuses      %s", fmtCounts(c.Statuses))
+	}
+	if d := r.Direct; d != nil {
+		p("direct Ledger.PlaceOrder in-process on the same database (no HTTP, GraphQL, Redis gate, scheduling, events)")
+		p("  orders placed %d in %.2fs: %.0f orders/s", d.OK, d.WallSeconds, d.OrdersPerSec)
+		p("  latency       %s", lat(d.Latency))
+		p("  errors        %s", fmtCounts(d.Errors))
+		p("  end-to-end / direct  %.2f", r.Ratio)
+	}
+	pr := r.Process
+	p("server")
+	if pr.PeakMemoryMiB > 0 || pr.MaxRSSMiB > 0 {
+		p("  peak memory   %.1f MiB VmHWM (largest sampled VmRSS %.1f MiB)", pr.PeakMemoryMiB, pr.MaxRSSMiB)
+	} else {
+		p("  peak memory   unknown (give -pid with -url)")
+	}
+	if pr.ServerCores > 0 || pr.MachineBusy > 0 {
+		p("  CPU in place  server %.2f cores, bench %.2f cores, machine %.0f%% busy", pr.ServerCores, pr.BenchCores, 100*pr.MachineBusy)
+	}
+	if pr.Exit != "" {
+		p("  exit          %s", pr.Exit)
+	}
+	if pr.LogWarnings+pr.LogErrors > 0 {
+		p("  log           %d warnings, %d errors; last lines:", pr.LogWarnings, pr.LogErrors)
+		for _, l := range pr.LogTail {
+			p("    %s", l)
+		}
+	}
+	if s := r.Stats; s != nil {
+		rate := "n/a"
+		if s.CloseSuccessRate != nil {
+			rate = fmt.Sprintf("%.4f", *s.CloseSuccessRate)
+		}
+		var qs []string
+		for _, q := range s.Queues {
+			qs = append(qs, fmt.Sprintf("%s backlog %d overdue %.1fs", q.Name, q.Backlog, q.OldestOverdueSeconds))
+		}
+		p("  stats         closeSuccessRate %s; %s", rate, strings.Join(qs, "; "))
+	}
+	if a := r.Audit; a != nil {
+		switch {
+		case a.Error != "":
+			p("ledger audit    FAILED TO RUN: %s", a.Error)
+		case a.Clean:
+			p("ledger audit    clean")
+		default:
+			p("ledger audit    %d VIOLATIONS", len(a.Violations))
+			for _, v := range a.Violations {
+				p("    %s", v)
+			}
+		}
+	}
+	if r.Direct != nil {
+		p("targets         %.0f orders/s ≥ %d: %s; ratio %.2f ≥ %.2f: %s",
+			r.Place.OrdersPerSec, targetOrdersPerSec, metOrNot(r.Place.OrdersPerSec >= targetOrdersPerSec),
+			r.Ratio, targetRatio, metOrNot(r.Ratio >= targetRatio))
+	}
+	for _, n := range r.Notes {
+		p("note: %s", n)
+	}
+}
+
+func metOrNot(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+func fmtMs(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%.2fs", v/1000)
+	case v >= 10:
+		return fmt.Sprintf("%.1fms", v)
+	default:
+		return fmt.Sprintf("%.2fms", v)
+	}
+}
+
+// fmtCounts prints a count map largest first ("none" when empty).
+func fmtCounts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if m[keys[i]] != m[keys[j]] {
+			return m[keys[i]] > m[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	ds := make([]time.Duration, 100)
+	for i := range ds {
+		ds[i] = time.Duration(i+1) * time.Millisecond // 1..100ms
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0, 1 * time.Millisecond}, {0.01, 1 * time.Millisecond}, {0.5, 50 * time.Millisecond},
+		{0.99, 99 * time.Millisecond}, {0.991, 100 * time.Millisecond}, {1, 100 * time.Millisecond},
+	} {
+		if got := percentile(ds, c.q); got != c.want {
+			t.Errorf("percentile(1..100ms, %v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := percentile(nil, 0.5); got != 0 {
+		t.Errorf("percentile(nil) = %v", got)
+	}
+	if got := percentile([]time.Duration{7}, 0.99); got != 7 {
+		t.Errorf("percentile of one = %v", got)
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	ds := []time.Duration{4 * time.Millisecond, 1 * time.Millisecond, 3 * time.Millisecond, 2 * time.Millisecond}
+	l := summarize(ds)
+	if l.Count != 4 || l.P50Ms != 2 || l.P99Ms != 4 || l.MaxMs != 4 || l.MeanMs != 2.5 {
+		t.Errorf("summarize = %+v", l)
+	}
+	if (summarize(nil) != Latency{}) {
+		t.Error("summarize(nil) is not zero")
+	}
+}
+
+func TestShouldPay(t *testing.T) {
+	for _, share := range []float64{0, 0.1, 0.25, 0.5, 0.75, 1} {
+		n := 0
+		for i := 0; i < 1000; i++ {
+			if shouldPay(i, share) {
+				n++
+			}
+		}
+		if want := int(1000 * share); n != want {
+			t.Errorf("share %v: %d of 1000 pay, want %d", share, n, want)
+		}
+	}
+	// Evenly spread: with half, every other order pays.
+	for i := 0; i < 10; i++ {
+		if shouldPay(i, 0.5) != (i%2 == 1) {
+			t.Errorf("shouldPay(%d, 0.5) = %v", i, shouldPay(i, 0.5))
+		}
+	}
+}
+
+func TestRate(t *testing.T) {
+	if got := rate(3000, 2*time.Second); got != 1500 {
+		t.Errorf("rate = %v", got)
+	}
+	if got := rate(10, 0); got != 0 {
+		t.Errorf("rate over 0s = %v", got)
+	}
+}
+
+func TestLoopback(t *testing.T) {
+	for _, ok := range []string{"postgres://postgres@127.0.0.1:5432/x", "redis://localhost:6379/0", "http://[::1]:8080", "sqlite:/tmp/x.db", ""} {
+		if err := checkLoopbackURL("-x", ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"postgres://db.example.com/x", "http://10.0.0.1:8080", "redis://0.0.0.0:6379", "postgres:///x"} {
+		if err := checkLoopbackURL("-x", bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if err := checkLoopbackRedis("127.0.0.1:7000,127.0.0.1:7001"); err != nil {
+		t.Error(err)
+	}
+	if err := checkLoopbackRedis("127.0.0.1:7000,10.1.1.1:7001"); err == nil {
+		t.Error("a remote cluster node was accepted")
+	}
+}
+
+func TestDescribeDBHidesPassword(t *testing.T) {
+	got := describeDB("postgres://u:secret@127.0.0.1:5432/db?sslmode=disable")
+	if strings.Contains(got, "secret") || !strings.Contains(got, "/db") {
+		t.Errorf("describeDB = %q", got)
+	}
+}
+
+func TestReportWrite(t *testing.T) {
+	rate := 0.9995
+	r := &Report{
+		Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Database: "postgres://postgres@127.0.0.1:5432/kami_bench_x",
+		Redis: "redis://127.0.0.1:6379/0", Server: "started by bench", CPUs: 2, Orders: 20000, Concurrency: 64,
+		PayShare: 0.5, TTL: "5s", DBMaxConns: 20,
+		Place: PlaceReport{OK: 19990, Errors: map[string]int{"SOLD_OUT": 7, "TRANSPORT": 3}, WallSeconds: 10,
+			OrdersPerSec: 1999, Latency: Latency{Count: 19990, P50Ms: 25.5, P99Ms: 80.25, MaxMs: 1200, MeanMs: 30}},
+		Pay:    PayReport{Sent: 9995, OK: 9995, PaymentsPerSec: 999.5, Latency: Latency{P50Ms: 5, P99Ms: 20}},
+		Close:  &CloseReport{Unpaid: 9995, Closed: 9995, Complete: true, WindowSeconds: 5, ClosesPerSec: 1999, Statuses: map[string]int{"PAID": 9995, "CLOSED": 9995}},
+		Direct: &DirectReport{OK: 20000, WallSeconds: 8, OrdersPerSec: 2500},
+		Ratio:  0.7996,
+		Process: ProcessReport{PeakMemoryMiB: 80.5, MaxRSSMiB: 79.25, ServerCores: 1.1, BenchCores: 0.4, MachineBusy: 0.97,
+			Exit: "clean: SIGTERM → exit 0 in 120ms"},
+		Stats: &StatsReport{CloseSuccessRate: &rate},
+		Audit: &AuditReport{Clean: true},
+	}
+	var buf bytes.Buffer
+	r.Write(&buf)
+	out := buf.String()
+	for _, want := range []string{
+		"orders placed 19990 in 10.00s: 1999 orders/s",
+		"p50 25.5ms  p99 80.2ms  max 1.20s",
+		"errors        SOLD_OUT 7, TRANSPORT 3",
+		"paid          9995 of 9995 answered 200: 1000 payments/s",
+		"closed        9995 of 9995 unpaid, first expiry to last close 5.00s: 1999 closes/s",
+		"statuses      CLOSED 9995, PAID 9995",
+		"end-to-end / direct  0.80",
+		"peak memory   80.5 MiB VmHWM",
+		"closeSuccessRate 0.9995",
+		"ledger audit    clean",
+		"1999 orders/s ≥ 1500: met; ratio 0.80 ≥ 0.30: met",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+
+	r.Audit = &AuditReport{Violations: []string{"pending_card_count order 1: PENDING with 0 LOCKED cards, want 1"}}
+	r.Close.Complete = false
+	r.Ratio = 0.2
+	buf.Reset()
+	r.Write(&buf)
+	out = buf.String()
+	for _, want := range []string{"1 VIOLATIONS", "pending_card_count order 1", "INCOMPLETE", "ratio 0.20 ≥ 0.30: NOT met"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back["place"].(map[string]any)["orders_per_sec"].(float64) != 1999 {
+		t.Errorf("JSON place.orders_per_sec: %s", b)
+	}
+}
+
+func TestLogTailCounts(t *testing.T) {
+	var l logTail
+	l.max = 2
+	l.Write([]byte("time=x level=WARN msg=a\ntime=x level=ERROR msg=b\n{\"level\":\"WARN\"}\npart"))
+	l.Write([]byte("ial line\n"))
+	w, e := l.Counts()
+	if w != 2 || e != 1 {
+		t.Errorf("counts %d warnings %d errors", w, e)
+	}
+	if tail := l.Tail(); len(tail) != 2 || tail[1] != "partial line" {
+		t.Errorf("tail %q", tail)
+	}
+}
