@@ -3,6 +3,8 @@ package queue
 import (
 	"context"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -10,11 +12,26 @@ import (
 )
 
 // Events publishes every order status change on the order's Redis channel,
-// so a GraphQL subscription in any server process hears it.
+// so a GraphQL subscription in any server process hears it. Publishing never
+// holds up the caller (a close batch of 500 orders must not wait for 500
+// round trips): changes go through a buffer to one goroutine that pipelines
+// them. Close stops it.
 type Events struct {
 	rdb  redis.UniversalClient
 	keys Keys
 	log  *slog.Logger
+
+	once    sync.Once
+	pending chan event
+	done    chan struct{}
+	mu      sync.RWMutex // held to send, and to close pending
+	closed  bool
+	dropped atomic.Int64
+}
+
+type event struct {
+	channel string
+	status  domain.OrderStatus
 }
 
 var _ domain.Events = (*Events)(nil)
@@ -30,9 +47,65 @@ func NewEvents(rdb redis.UniversalClient, keys Keys, logger *slog.Logger) *Event
 // OrderChanged publishes the order's new status. A lost event is not a lost
 // fact: a subscriber can always read the order.
 func (e *Events) OrderChanged(ctx context.Context, orderNo string, status domain.OrderStatus) {
-	if err := e.rdb.Publish(context.WithoutCancel(ctx), e.keys.OrderChannel(orderNo), string(status)).Err(); err != nil {
-		e.log.WarnContext(ctx, "order event not published", "order", orderNo, "status", status, "err", err)
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.closed {
+		return
 	}
+	e.once.Do(e.start)
+	select {
+	case e.pending <- event{e.keys.OrderChannel(orderNo), status}:
+	default:
+		e.dropped.Add(1)
+	}
+}
+
+// Dropped is how many events were dropped because the buffer was full
+// (Redis slow or away).
+func (e *Events) Dropped() int64 { return e.dropped.Load() }
+
+func (e *Events) start() {
+	e.pending = make(chan event, 10_000)
+	e.done = make(chan struct{})
+	go e.publish()
+}
+
+func (e *Events) publish() {
+	defer close(e.done)
+	ctx := context.Background()
+	for ev := range e.pending {
+		pipe := e.rdb.Pipeline()
+		pipe.Publish(ctx, ev.channel, string(ev.status))
+	more:
+		for n := 1; n < 500; n++ {
+			select {
+			case ev, ok := <-e.pending:
+				if !ok {
+					break more
+				}
+				pipe.Publish(ctx, ev.channel, string(ev.status))
+			default:
+				break more
+			}
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			e.log.Warn("order events not published", "events", pipe.Len(), "err", err)
+		}
+	}
+}
+
+// Close publishes what is buffered and stops the publisher.
+func (e *Events) Close() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	e.once.Do(e.start)
+	close(e.pending)
+	e.mu.Unlock()
+	<-e.done
 }
 
 // Subscribe streams the order's status changes until ctx ends or the
