@@ -21,7 +21,9 @@ func TestProducts(t *testing.T) {
 	b := setup(t, options{})
 	id := b.product(t, "12.5", 3)
 
-	var dup struct{ ImportCards struct{ Imported, Duplicates int } }
+	var dup struct {
+		ImportCards struct{ Imported, Duplicates int }
+	}
 	b.do(t, admin, `mutation($p: ID!, $c: [String!]!) { importCards(productId: $p, codes: $c) { imported duplicates } }`,
 		map[string]any{"p": id, "c": []string{codeOf(id, 0), "NEW-1", "NEW-1"}}).decode(t, &dup)
 	if dup.ImportCards.Imported != 1 || dup.ImportCards.Duplicates != 2 {
@@ -408,7 +410,9 @@ func TestAdminLists(t *testing.T) {
 	b.do(t, admin, `{ orders(first: 0) { edges { cursor } } }`, nil).wantCode(t, domain.EBADINPUT)
 	b.do(t, admin, `{ orders(after: "bm9wZQ") { edges { cursor } } }`, nil).wantCode(t, domain.EBADINPUT)
 	b.do(t, admin, `{ orders(after: "%%%") { edges { cursor } } }`, nil).wantCode(t, domain.EBADINPUT)
-	var c struct{ Cards struct{ PageInfo struct{ EndCursor string } } }
+	var c struct {
+		Cards struct{ PageInfo struct{ EndCursor string } }
+	}
 	b.do(t, admin, `{ cards(first: 1) { pageInfo { endCursor } } }`, nil).decode(t, &c)
 	b.do(t, admin, `query($a: String) { orders(after: $a) { edges { cursor } } }`, map[string]any{"a": c.Cards.PageInfo.EndCursor}).wantCode(t, domain.EBADINPUT)
 	b.do(t, admin, `{ orders(filter: {status: LOST}) { edges { cursor } } }`, nil).wantCode(t, "GRAPHQL_VALIDATION_FAILED")
@@ -435,7 +439,9 @@ func TestRetryRefund(t *testing.T) {
 	}
 	var failed struct {
 		Refunds struct {
-			Edges []struct{ Node struct{ Status, LastError string } }
+			Edges []struct {
+				Node struct{ Status, LastError string }
+			}
 		}
 	}
 	b.do(t, admin, `{ refunds(status: FAILED) { edges { node { status lastError } } } }`, nil).decode(t, &failed)
@@ -549,7 +555,9 @@ func TestOnPostgres(t *testing.T) {
 		t.Errorf("order on PostgreSQL: %+v", got.Order)
 	}
 	var list struct {
-		Orders struct{ Edges []struct{ Node struct{ Cards []string } } }
+		Orders struct {
+			Edges []struct{ Node struct{ Cards []string } }
+		}
 	}
 	b.do(t, admin, `{ orders(filter: {status: PAID}) { edges { node { cards } } } }`, nil).decode(t, &list)
 	if len(list.Orders.Edges) != 1 || len(list.Orders.Edges[0].Node.Cards) != 2 {

@@ -96,7 +96,9 @@ func TestHTTP(t *testing.T) {
 		{"post, new media type", func() httpResult { return post(t, srv, gqlResp, appJSON, body(`{ products { id } }`, nil)) }, 200, gqlResp, ""},
 		{"post, legacy json", func() httpResult { return post(t, srv, appJSON, appJSON, body(`{ products { id } }`, nil)) }, 200, appJSON, ""},
 		{"post, no accept", func() httpResult { return post(t, srv, "", appJSON, body(`{ products { id } }`, nil)) }, 200, appJSON, ""},
-		{"post, any accept", func() httpResult { return post(t, srv, "*/*", appJSON+"; charset=utf-8", body(`{ products { id } }`, nil)) }, 200, gqlResp, ""},
+		{"post, any accept", func() httpResult {
+			return post(t, srv, "*/*", appJSON+"; charset=utf-8", body(`{ products { id } }`, nil))
+		}, 200, gqlResp, ""},
 		{"get query", func() httpResult { return get(t, srv, gqlResp, url.Values{"query": {`{ products { id price } }`}}) }, 200, gqlResp, ""},
 		{"get with variables", func() httpResult {
 			return get(t, srv, appJSON, url.Values{"query": {`query($id: ID!) { product(id: $id) { id } }`}, "variables": {`{"id":"` + id + `"}`}})
@@ -112,8 +114,12 @@ func TestHTTP(t *testing.T) {
 			return post(t, srv, gqlResp, appJSON, body(`query($id: ID!) { product(id: $id) { id } }`, nil))
 		}, 400, gqlResp, "GRAPHQL_VALIDATION_FAILED"},
 		{"empty query", func() httpResult { return post(t, srv, gqlResp, appJSON, body(``, nil)) }, 400, gqlResp, "GRAPHQL_VALIDATION_FAILED"},
-		{"depth at the limit", func() httpResult { return post(t, srv, gqlResp, appJSON, body(deep, nil), "Authorization", string(admin)) }, 200, gqlResp, ""},
-		{"too deep", func() httpResult { return post(t, srv, gqlResp, appJSON, body(tooDeep, nil), "Authorization", string(admin)) }, 400, gqlResp, "DEPTH_LIMIT_EXCEEDED"},
+		{"depth at the limit", func() httpResult {
+			return post(t, srv, gqlResp, appJSON, body(deep, nil), "Authorization", string(admin))
+		}, 200, gqlResp, ""},
+		{"too deep", func() httpResult {
+			return post(t, srv, gqlResp, appJSON, body(tooDeep, nil), "Authorization", string(admin))
+		}, 400, gqlResp, "DEPTH_LIMIT_EXCEEDED"},
 		{"too deep through fragments", func() httpResult {
 			return post(t, srv, gqlResp, appJSON, body(`{ refunds { ...R } } fragment R on RefundConnection { edges { node { ...N } } } fragment N on Refund { order { product { id } } }`, nil))
 		}, 400, gqlResp, "DEPTH_LIMIT_EXCEEDED"},
@@ -133,7 +139,9 @@ func TestHTTP(t *testing.T) {
 		{"subscription over POST", func() httpResult {
 			return post(t, srv, gqlResp, appJSON, body(`subscription { orderStatusChanged(orderNo: "x", accessToken: "y") { status } }`, nil))
 		}, 400, gqlResp, "BAD_REQUEST"},
-		{"bad variables over GET", func() httpResult { return get(t, srv, gqlResp, url.Values{"query": {`{ products { id } }`}, "variables": {`{`}}) }, 400, gqlResp, "BAD_REQUEST"},
+		{"bad variables over GET", func() httpResult {
+			return get(t, srv, gqlResp, url.Values{"query": {`{ products { id } }`}, "variables": {`{`}})
+		}, 400, gqlResp, "BAD_REQUEST"},
 		{"domain error is 200", func() httpResult { return post(t, srv, gqlResp, appJSON, body(`{ orders { edges { cursor } } }`, nil)) }, 200, gqlResp, domain.EUNAUTH},
 	}
 	for _, c := range cases {

@@ -85,7 +85,9 @@ func (e *memEvents) Subscribe(ctx context.Context, orderNo string) (<-chan domai
 // queryCounter counts the SELECTs a database runs.
 type queryCounter struct{ selects atomic.Int64 }
 
-func (q *queryCounter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+func (q *queryCounter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
+	return ctx
+}
 func (q *queryCounter) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
 	if strings.HasPrefix(strings.TrimSpace(strings.ToUpper(ev.Query)), "SELECT") {
 		q.selects.Add(1)
