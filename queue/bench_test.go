@@ -1,0 +1,277 @@
+package queue_test
+
+// Benchmarks of the close path against PostgreSQL and the real Redis; they
+// skip without them. Each is one macro run: use -benchtime=1x.
+//
+//	go test ./queue/ -run '^$' -bench . -benchtime=1x -timeout 30m
+//
+// KAMI_BENCH_N (default 100000) sets the backlog drained and the pending
+// orders rebuilt; KAMI_BENCH_ARTICLE_N (default 1000) the article loop's
+// orders; KAMI_BENCH_LATENCY_SECONDS (default 5) how long 2,000 orders a
+// second fall due.
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/queue"
+	"kami/queue/redistest"
+)
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+type benchEnv struct {
+	ctx    context.Context
+	pe     *procEnv
+	shop   *domain.Shop
+	events *queue.Events
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	b.Helper()
+	rs := redistest.Open(b, redistest.Real)
+	db := dbtest.Open(b, dbtest.Postgres)
+	sealer, _ := domain.NewSealer(testKey)
+	l := domain.NewLedger(db, sealer, domain.Config{}, domain.LogAlerter{Logger: quietLogger()})
+	keys := queue.NewKeys(rs.Prefix(b))
+	pe := &procEnv{db: db, ledger: l, rs: rs, keys: keys, sealer: sealer}
+	ev := queue.NewEvents(rs.Client, keys, quietLogger())
+	b.Cleanup(ev.Close)
+	shop := &domain.Shop{Ledger: l, Gate: queue.NewStockGate(rs.Client, keys, l), Scheduler: queue.NewScheduler(rs.Client, keys),
+		Events: ev, Log: quietLogger()}
+	return &benchEnv{ctx: context.Background(), pe: pe, shop: shop, events: ev}
+}
+
+// seed writes n pending orders expiring at due(i) and, if schedule, puts
+// them on the close queue.
+func (be *benchEnv) seed(b *testing.B, n int, due func(i int) time.Time, schedule bool) []string {
+	b.Helper()
+	pid, nos, err := seedPending(be.ctx, be.pe.db, be.pe.sealer, n, 0, due)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := be.shop.Gate.(*queue.StockGate).Repair(be.ctx, pid); err != nil {
+		b.Fatal(err)
+	}
+	if schedule {
+		items := make([]queue.Item, n)
+		for i, no := range nos {
+			items[i] = queue.Item{Member: no, Due: due(i)}
+		}
+		if _, err := queue.CloseQueue(be.pe.rs.Client, be.pe.keys).ScheduleIfAbsent(be.ctx, items); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := be.pe.db.ExecContext(be.ctx, "ANALYZE"); err != nil {
+		b.Fatal(err)
+	}
+	return nos
+}
+
+func (be *benchEnv) workers(b *testing.B, cfg queue.Config, skipStartSweep bool) *queue.Workers {
+	b.Helper()
+	if skipStartSweep {
+		// Measure the drain alone: the sweeper's pass at start would read
+		// the same backlog from the database (BenchmarkRebuildAfterFlush
+		// measures that).
+		be.pe.rs.Client.Set(be.ctx, be.pe.keys.SweepLock(), "bench", time.Hour)
+	}
+	return queue.NewWorkers(cfg, be.pe.rs.Client, be.pe.keys, be.shop, be.pe.ledger, quietLogger())
+}
+
+func waitDrained(b *testing.B, be *benchEnv, q *queue.DelayQueue, within time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		st, err := q.Stats(be.ctx, time.Now())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if st.Backlog == 0 && st.Leased == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("not drained within %s: %+v", within, st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// BenchmarkCloseDrain: closes per second draining a backlog of N due
+// orders with the workers (claims of 500, one transaction per batch, two
+// drains in parallel).
+func BenchmarkCloseDrain(b *testing.B) {
+	n := envInt("KAMI_BENCH_N", 100_000)
+	for range b.N {
+		b.StopTimer()
+		be := newBenchEnv(b)
+		past := time.Now().Add(-time.Minute)
+		be.seed(b, n, func(i int) time.Time { return past.Add(time.Duration(i) * time.Microsecond) }, true)
+		w := be.workers(b, queue.Config{}, true)
+		b.StartTimer()
+		start := time.Now()
+		if err := w.Start(be.ctx); err != nil {
+			b.Fatal(err)
+		}
+		waitDrained(b, be, queue.CloseQueue(be.pe.rs.Client, be.pe.keys), 10*time.Minute)
+		took := time.Since(start)
+		b.StopTimer()
+		w.Stop(be.ctx)
+		if p := pendingCount(b, be.pe.db); p != 0 {
+			b.Fatalf("%d orders still pending", p)
+		}
+		if st := w.Stats(); st.Closed != int64(n) {
+			b.Fatalf("closed %d, want %d", st.Closed, n)
+		}
+		b.ReportMetric(float64(n)/took.Seconds(), "closes/s")
+		b.ReportMetric(took.Seconds(), "s/drain")
+	}
+}
+
+// BenchmarkArticleLoop is the article's loop as the baseline: every second
+// ZRANGEBYSCORE ... LIMIT 0 100, then ZREM each member and close it in its
+// own transaction (through the same close path, one order at a time).
+// "poll1s" is the loop as written; "nosleep" polls again at once, to show
+// the ceiling of one transaction per order.
+func BenchmarkArticleLoop(b *testing.B) {
+	n := envInt("KAMI_BENCH_ARTICLE_N", 1000)
+	for _, poll := range []time.Duration{time.Second, 0} {
+		name := "poll1s"
+		if poll == 0 {
+			name = "nosleep"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				be := newBenchEnv(b)
+				past := time.Now().Add(-time.Minute)
+				be.seed(b, n, func(i int) time.Time { return past.Add(time.Duration(i) * time.Microsecond) }, true)
+				key := be.pe.keys.CloseQueue()
+				rdb := be.pe.rs.Client
+				b.StartTimer()
+				start := time.Now()
+				closed := articleLoop(b, be, rdb, key, poll)
+				took := time.Since(start)
+				b.StopTimer()
+				if closed != n {
+					b.Fatalf("closed %d, want %d", closed, n)
+				}
+				b.ReportMetric(float64(n)/took.Seconds(), "closes/s")
+			}
+		})
+	}
+}
+
+func articleLoop(b *testing.B, be *benchEnv, rdb redis.UniversalClient, key string, poll time.Duration) int {
+	closed := 0
+	for {
+		tick := time.Now()
+		due, err := rdb.ZRangeByScore(be.ctx, key, &redis.ZRangeBy{Min: "-inf",
+			Max: strconv.FormatInt(time.Now().UnixMilli(), 10), Offset: 0, Count: 100}).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(due) == 0 {
+			return closed
+		}
+		for _, no := range due {
+			if n, err := rdb.ZRem(be.ctx, key, no).Result(); err != nil || n == 0 {
+				continue // another poller took it
+			}
+			rs, err := be.shop.CloseOrders(be.ctx, []string{no}, domain.CloseTimeout)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if rs[0].Outcome == domain.Closed {
+				closed++
+			}
+		}
+		if poll > 0 {
+			time.Sleep(time.Until(tick.Add(poll)))
+		}
+	}
+}
+
+// BenchmarkDueToClosedLatency: 2,000 orders a second fall due for a few
+// seconds (scheduled ahead, as placed orders are); the latency from each
+// order's expires_at to its close committed, p50 and p99.
+func BenchmarkDueToClosedLatency(b *testing.B) {
+	secs := envInt("KAMI_BENCH_LATENCY_SECONDS", 5)
+	const rate = 2000
+	n := secs * rate
+	for range b.N {
+		b.StopTimer()
+		be := newBenchEnv(b)
+		first := time.Now().Add(3 * time.Second)
+		be.seed(b, n, func(i int) time.Time { return first.Add(time.Duration(i) * time.Second / rate) }, true)
+		w := be.workers(b, queue.Config{}, true)
+		var mu sync.Mutex
+		lats := make([]time.Duration, 0, n)
+		w.OnClosed = func(d time.Duration) {
+			mu.Lock()
+			lats = append(lats, d)
+			mu.Unlock()
+		}
+		if err := w.Start(be.ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		time.Sleep(time.Until(first))
+		waitDrained(b, be, queue.CloseQueue(be.pe.rs.Client, be.pe.keys), time.Minute)
+		b.StopTimer()
+		w.Stop(be.ctx)
+		mu.Lock()
+		slices.Sort(lats)
+		got := len(lats)
+		mu.Unlock()
+		if got != n {
+			b.Fatalf("%d closes observed, want %d", got, n)
+		}
+		q := func(p float64) float64 { return float64(lats[min(int(p*float64(got)), got-1)]) / float64(time.Millisecond) }
+		b.ReportMetric(q(0.50), "p50-ms")
+		b.ReportMetric(q(0.99), "p99-ms")
+		b.ReportMetric(q(1), "max-ms")
+	}
+}
+
+// BenchmarkRebuildAfterFlush: N pending orders, Redis empty (as after
+// FLUSHALL): the time for one sweep to put every one back on the queue.
+func BenchmarkRebuildAfterFlush(b *testing.B) {
+	n := envInt("KAMI_BENCH_N", 100_000)
+	for range b.N {
+		b.StopTimer()
+		be := newBenchEnv(b)
+		later := time.Now().Add(15 * time.Minute)
+		be.seed(b, n, func(i int) time.Time { return later.Add(time.Duration(i) * time.Microsecond) }, false)
+		be.pe.rs.Wipe(b, be.pe.keys.Prefix())
+		w := be.workers(b, queue.Config{}, false)
+		b.StartTimer()
+		start := time.Now()
+		res, err := w.Sweep(be.ctx)
+		took := time.Since(start)
+		b.StopTimer()
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, _ := queue.CloseQueue(be.pe.rs.Client, be.pe.keys).Stats(be.ctx, time.Now())
+		if res.Scheduled != n || st.Backlog != int64(n) {
+			b.Fatalf("rebuilt %d (queue %d), want %d", res.Scheduled, st.Backlog, n)
+		}
+		b.ReportMetric(took.Seconds(), "s/rebuild")
+		b.ReportMetric(float64(n)/took.Seconds(), "orders/s")
+	}
+}
