@@ -68,7 +68,11 @@ func describeDB(raw string) string {
 	if err != nil || u.Scheme == "" || u.Host == "" {
 		return raw
 	}
-	u.User = url.User(u.User.Username())
+	if u.User != nil && u.User.Username() != "" {
+		u.User = url.User(u.User.Username())
+	} else {
+		u.User = nil
+	}
 	u.RawQuery = ""
 	return u.String()
 }
@@ -146,4 +150,13 @@ func dropRedisPrefix(redisURL, prefix string) error {
 		return cc.ForEachMaster(ctx, del)
 	}
 	return del(ctx, rdb.(*redis.Client))
+}
+
+// dbNameOf is the database a server URL names ("" for SQLite).
+func dbNameOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return ""
+	}
+	return strings.TrimPrefix(u.Path, "/")
 }

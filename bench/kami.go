@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -270,6 +271,96 @@ func machineCPU() (busy, total int64) {
 		}
 	}
 	return busy, total
+}
+
+// cpuProbe says which processes a CPU snapshot breaks out: the server,
+// and the PostgreSQL backends serving dbName (their command line names the
+// database) apart from the rest of PostgreSQL.
+type cpuProbe struct {
+	serverPID int
+	dbName    string
+}
+
+// cpuSnapshot is the CPU time used so far by the processes the report
+// breaks out, and by the whole machine.
+type cpuSnapshot struct {
+	at                                 time.Time
+	server, self, pgDB, pgOther, redis time.Duration
+	busy, total                        int64
+}
+
+func (p cpuProbe) take() cpuSnapshot {
+	s := cpuSnapshot{at: time.Now(), self: selfCPU()}
+	if p.serverPID > 0 {
+		s.server, _ = procCPU(p.serverPID)
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil {
+			continue
+		}
+		switch strings.TrimSpace(string(comm)) {
+		case "postgres":
+			cpu, err := procCPU(pid)
+			if err != nil {
+				continue
+			}
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if p.dbName != "" && bytes.Contains(cmdline, []byte(" "+p.dbName+" ")) {
+				s.pgDB += cpu
+			} else {
+				s.pgOther += cpu
+			}
+		case "redis-server":
+			if cpu, err := procCPU(pid); err == nil {
+				s.redis += cpu
+			}
+		}
+	}
+	s.busy, s.total = machineCPU()
+	return s
+}
+
+// CPUUse is how many cores each part used over a phase (1.0 = one core
+// busy all along) and the share of the machine's CPUs that were busy.
+// PostgresDB is the backends of the bench's database; PostgresOther the
+// rest of PostgreSQL (WAL writer, checkpointer, other databases); Other is
+// everything else busy on the machine (kernel, other programs): a large
+// Other means the figures were taken on a machine that was not quiet.
+type CPUUse struct {
+	Server        float64 `json:"server_cores"`
+	Bench         float64 `json:"bench_cores"`
+	PostgresDB    float64 `json:"postgres_db_cores"`
+	PostgresOther float64 `json:"postgres_other_cores"`
+	Redis         float64 `json:"redis_cores"`
+	Other         float64 `json:"other_cores"`
+	MachineBusy   float64 `json:"machine_busy"`
+}
+
+func cpuUse(a, b cpuSnapshot) CPUUse {
+	wall := b.at.Sub(a.at).Seconds()
+	if wall <= 0 {
+		return CPUUse{}
+	}
+	cores := func(x, y time.Duration) float64 { return max(0, (y-x).Seconds()/wall) }
+	u := CPUUse{
+		Server:        cores(a.server, b.server),
+		Bench:         cores(a.self, b.self),
+		PostgresDB:    cores(a.pgDB, b.pgDB),
+		PostgresOther: cores(a.pgOther, b.pgOther),
+		Redis:         cores(a.redis, b.redis),
+	}
+	if b.total > a.total {
+		u.MachineBusy = float64(b.busy-a.busy) / float64(b.total-a.total)
+		busyCores := u.MachineBusy * float64(runtime.NumCPU())
+		u.Other = max(0, busyCores-u.Server-u.Bench-u.PostgresDB-u.PostgresOther-u.Redis)
+	}
+	return u
 }
 
 // rssSampler records the largest VmRSS of pid until stopped.

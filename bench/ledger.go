@@ -33,7 +33,7 @@ func statusCounts(ctx context.Context, db *bun.DB, productID int64) (map[string]
 // waitForCloses polls the database until no order of the product is
 // PENDING (or ctx ends), then measures the closes from the rows:
 // closes/s over first expiry → last close, and closed_at − expires_at.
-func waitForCloses(ctx context.Context, db *bun.DB, productID int64, unpaid int) (*CloseReport, error) {
+func waitForCloses(ctx context.Context, db *bun.DB, productID int64, unpaid int, placeEnd time.Time) (*CloseReport, error) {
 	rep := &CloseReport{Unpaid: unpaid}
 	for {
 		counts, err := statusCounts(ctx, db, productID)
@@ -85,6 +85,9 @@ func waitForCloses(ctx context.Context, db *bun.DB, productID int64, unpaid int)
 			last = r.ClosedAt
 		}
 		lat[i] = r.ClosedAt.Sub(r.ExpiresAt)
+		if r.ClosedAt.Before(placeEnd) {
+			rep.DuringPlace++
+		}
 	}
 	window := last.Sub(first)
 	rep.WindowSeconds = window.Seconds()
@@ -114,12 +117,12 @@ func directLedger(db *bun.DB) (*domain.Ledger, error) {
 // runDirect runs Ledger.PlaceOrder n times from conc goroutines on a new
 // product with n fresh cards: the ledger's own transaction without HTTP,
 // GraphQL, the Redis stock gate, close scheduling and events.
-func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc int) (*DirectReport, error) {
+func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc int, probe cpuProbe) (*DirectReport, CPUUse, error) {
 	name := "bench-direct-" + runID
 	price := int64(100)
 	p, err := ledger.CreateProduct(ctx, domain.ProductInput{Name: &name, PriceFen: &price}, "bench")
 	if err != nil {
-		return nil, err
+		return nil, CPUUse{}, err
 	}
 	for start := 0; start < n; start += domain.MaxCodesPerCall {
 		codes := make([]string, 0, domain.MaxCodesPerCall)
@@ -127,7 +130,7 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 			codes = append(codes, fmt.Sprintf("%s-%07d", name, i))
 		}
 		if _, err := ledger.ImportCards(ctx, p.ID, codes, "bench"); err != nil {
-			return nil, err
+			return nil, CPUUse{}, err
 		}
 	}
 	var next atomic.Int64
@@ -135,6 +138,7 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	var all []time.Duration
 	errs := map[string]int{}
 	var wg sync.WaitGroup
+	cpu0 := probe.take()
 	start := time.Now()
 	for w := 0; w < conc; w++ {
 		wg.Add(1)
@@ -167,8 +171,9 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	cpu := cpuUse(cpu0, probe.take())
 	return &DirectReport{OK: len(all), Errors: errs, WallSeconds: wall.Seconds(),
-		OrdersPerSec: rate(len(all), wall), Latency: summarize(all)}, nil
+		OrdersPerSec: rate(len(all), wall), Latency: summarize(all)}, cpu, nil
 }
 
 // runAudit checks the whole ledger's invariants.

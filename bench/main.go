@@ -295,26 +295,16 @@ func run(ctx context.Context, o *options) (code int) {
 
 	// Place.
 	var rss *rssSampler
-	var srvCPU0 time.Duration
 	if pid > 0 {
 		rss = sampleRSS(pid, 100*time.Millisecond)
-		srvCPU0, _ = procCPU(pid)
 	}
-	selfCPU0 := selfCPU()
-	busy0, total0 := machineCPU()
+	probe := cpuProbe{serverPID: pid, dbName: dbNameOf(dbURL)}
+	cpu0 := probe.take()
 	progress("placing %d orders at concurrency %d, paying %.0f%%", o.orders, o.concurrency, 100*o.payShare)
 	lr := runLoad(runCtx, c, productID, runID, o.orders, o.concurrency, o.payShare)
-	busy1, total1 := machineCPU()
+	placeEnd := time.Now()
+	rep.Process.PlaceCPU = cpuUse(cpu0, probe.take())
 	wall := lr.wall
-	if pid > 0 {
-		if cpu, err := procCPU(pid); err == nil {
-			rep.Process.ServerCores = (cpu - srvCPU0).Seconds() / wall.Seconds()
-		}
-	}
-	rep.Process.BenchCores = (selfCPU() - selfCPU0).Seconds() / wall.Seconds()
-	if total1 > total0 {
-		rep.Process.MachineBusy = float64(busy1-busy0) / float64(total1-total0)
-	}
 	rep.Place = PlaceReport{OK: len(lr.placed), Errors: lr.placeErrors, WallSeconds: wall.Seconds(),
 		OrdersPerSec: rate(len(lr.placed), wall), Latency: summarize(lr.placed),
 		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall)}
@@ -329,7 +319,7 @@ func run(ctx context.Context, o *options) (code int) {
 	pidProduct, _ := strconv.ParseInt(productID, 10, 64)
 	if db != nil && runCtx.Err() == nil {
 		progress("waiting for the %d unpaid orders to close", len(lr.placed)-len(lr.paid))
-		cr, err := waitForCloses(runCtx, db, pidProduct, len(lr.placed)-len(lr.paid))
+		cr, err := waitForCloses(runCtx, db, pidProduct, len(lr.placed)-len(lr.paid), placeEnd)
 		if err != nil {
 			rep.Notes = append(rep.Notes, "measuring closes: "+err.Error())
 		} else {
@@ -356,7 +346,8 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	if ledger != nil && !o.noDirect && runCtx.Err() == nil {
 		progress("placing %d orders directly through the ledger", o.directOrders)
-		d, err := runDirect(runCtx, ledger, runID, o.directOrders, o.concurrency)
+		d, cpu, err := runDirect(runCtx, ledger, runID, o.directOrders, o.concurrency, probe)
+		rep.Process.DirectCPU = cpu
 		if err != nil {
 			rep.Notes = append(rep.Notes, "direct phase: "+err.Error())
 		} else {

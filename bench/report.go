@@ -108,7 +108,8 @@ type PayReport struct {
 type CloseReport struct {
 	Unpaid        int            `json:"unpaid"`
 	Closed        int            `json:"closed"`
-	Complete      bool           `json:"complete"` // no order was PENDING at the end
+	Complete      bool           `json:"complete"`     // no order was PENDING at the end
+	DuringPlace   int            `json:"during_place"` // closes made while orders were still being placed
 	WindowSeconds float64        `json:"window_seconds"`
 	ClosesPerSec  float64        `json:"closes_per_sec"`
 	DueToClosed   Latency        `json:"due_to_closed"`
@@ -129,10 +130,9 @@ type ProcessReport struct {
 	PID           int     `json:"pid,omitempty"`
 	PeakMemoryMiB float64 `json:"peak_memory_mib,omitempty"` // VmHWM at the end
 	MaxRSSMiB     float64 `json:"max_rss_mib,omitempty"`     // largest sampled VmRSS
-	// CPU use during the place phase, in cores (1.0 = one core busy).
-	ServerCores float64  `json:"server_cores,omitempty"`
-	BenchCores  float64  `json:"bench_cores,omitempty"`
-	MachineBusy float64  `json:"machine_busy,omitempty"` // share of all CPUs busy
+	// CPU use during the place phase and the direct phase.
+	PlaceCPU    CPUUse   `json:"place_cpu"`
+	DirectCPU   CPUUse   `json:"direct_cpu"`
 	Exit        string   `json:"exit,omitempty"`
 	LogWarnings int      `json:"log_warnings,omitempty"`
 	LogErrors   int      `json:"log_errors,omitempty"`
@@ -191,7 +191,9 @@ func (r *Report) Write(w io.Writer) {
 		}
 		p("close  unpaid orders expire after the TTL (%s)", state)
 		p("  closed        %d of %d unpaid, first expiry to last close %.2fs: %.0f closes/s", c.Closed, c.Unpaid, c.WindowSeconds, c.ClosesPerSec)
+		p("                (orders fall due as fast as they were placed: closes/s cannot pass that; due→closed is the lag)")
 		p("  due→closed    %s", lat(c.DueToClosed))
+		p("  overlap       %d of the closes ran while orders were still being placed", c.DuringPlace)
 		p("  statuses      %s", fmtCounts(c.Statuses))
 	}
 	if d := r.Direct; d != nil {
@@ -208,8 +210,15 @@ func (r *Report) Write(w io.Writer) {
 	} else {
 		p("  peak memory   unknown (give -pid with -url)")
 	}
-	if pr.ServerCores > 0 || pr.MachineBusy > 0 {
-		p("  CPU in place  server %.2f cores, bench %.2f cores, machine %.0f%% busy", pr.ServerCores, pr.BenchCores, 100*pr.MachineBusy)
+	cpu := func(u CPUUse) string {
+		return fmt.Sprintf("kami %.2f, postgres %.2f (+%.2f rest of PostgreSQL), redis %.2f, bench %.2f, other %.2f cores; machine %.0f%% busy",
+			u.Server, u.PostgresDB, u.PostgresOther, u.Redis, u.Bench, u.Other, 100*u.MachineBusy)
+	}
+	if pr.PlaceCPU.MachineBusy > 0 {
+		p("  CPU, place    %s", cpu(pr.PlaceCPU))
+	}
+	if r.Direct != nil && pr.DirectCPU.MachineBusy > 0 {
+		p("  CPU, direct   %s", cpu(pr.DirectCPU))
 	}
 	if pr.Exit != "" {
 		p("  exit          %s", pr.Exit)
@@ -228,6 +237,9 @@ func (r *Report) Write(w io.Writer) {
 		var qs []string
 		for _, q := range s.Queues {
 			qs = append(qs, fmt.Sprintf("%s backlog %d overdue %.1fs", q.Name, q.Backlog, q.OldestOverdueSeconds))
+		}
+		if len(qs) == 0 {
+			qs = []string{"no queues listed"}
 		}
 		p("  stats         closeSuccessRate %s; %s", rate, strings.Join(qs, "; "))
 	}

@@ -110,7 +110,7 @@ func TestReportWrite(t *testing.T) {
 		Close:  &CloseReport{Unpaid: 9995, Closed: 9995, Complete: true, WindowSeconds: 5, ClosesPerSec: 1999, Statuses: map[string]int{"PAID": 9995, "CLOSED": 9995}},
 		Direct: &DirectReport{OK: 20000, WallSeconds: 8, OrdersPerSec: 2500},
 		Ratio:  0.7996,
-		Process: ProcessReport{PeakMemoryMiB: 80.5, MaxRSSMiB: 79.25, ServerCores: 1.1, BenchCores: 0.4, MachineBusy: 0.97,
+		Process: ProcessReport{PeakMemoryMiB: 80.5, MaxRSSMiB: 79.25, PlaceCPU: CPUUse{Server: 1.1, Bench: 0.4, PostgresDB: 0.45, PostgresOther: 0.01, Other: 0.02, MachineBusy: 0.97},
 			Exit: "clean: SIGTERM → exit 0 in 120ms"},
 		Stats: &StatsReport{CloseSuccessRate: &rate},
 		Audit: &AuditReport{Clean: true},
@@ -128,6 +128,7 @@ func TestReportWrite(t *testing.T) {
 		"end-to-end / direct  0.80",
 		"peak memory   80.5 MiB VmHWM",
 		"closeSuccessRate 0.9995",
+		"CPU, place    kami 1.10, postgres 0.45 (+0.01 rest of PostgreSQL), redis 0.00, bench 0.40, other 0.02 cores; machine 97% busy",
 		"ledger audit    clean",
 		"1999 orders/s ≥ 1500: met; ratio 0.80 ≥ 0.30: met",
 	} {
