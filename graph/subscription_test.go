@@ -187,8 +187,8 @@ func TestSubscriptionPaidAndClosed(t *testing.T) {
 
 			paid := b.order(t, id, 1, "me@example.com")
 			c.subscribe("1", watch, map[string]any{"no": paid.Order.OrderNo, "t": paid.AccessToken})
-			if s := c.nextStatus("1"); s != "PENDING" {
-				t.Fatalf("first event %s, want PENDING", s)
+			if ev, _ := c.next("1"); ev.Data.OrderStatusChanged.Status != "PENDING" || ev.Data.OrderStatusChanged.Cards != nil {
+				t.Fatalf("first event %+v, want PENDING without codes", ev)
 			}
 			start := time.Now()
 			b.pay(t, paid.Order.OrderNo, "T-1")
@@ -275,7 +275,9 @@ func TestSubscriptionAcrossProcesses(t *testing.T) {
 	newEvents := func() *queue.Events {
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 		t.Cleanup(func() { rdb.Close() })
-		return queue.NewEvents(rdb, keys, quietLogger())
+		ev := queue.NewEvents(rdb, keys, quietLogger())
+		t.Cleanup(ev.Close)
+		return ev
 	}
 	processA, processB := newEvents(), newEvents()
 
