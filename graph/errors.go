@@ -60,7 +60,7 @@ func presenter(log *slog.Logger) graphql.ErrorPresenterFunc {
 			return gqlErr
 		}
 		log.ErrorContext(ctx, "graphql internal error", "path", gqlErr.Path.String(), "err", err)
-		out.Message = domain.ErrorMessage(errors.New(""))
+		out.Message = "internal error"
 		out.Extensions = map[string]any{"code": domain.EINTERNAL}
 		return out
 	}
