@@ -216,8 +216,23 @@ func BenchmarkDueToClosedLatency(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		be := newBenchEnv(b)
-		first := time.Now().Add(3 * time.Second)
-		be.seed(b, n, func(i int) time.Time { return first.Add(time.Duration(i) * time.Second / rate) }, true)
+		// Seeded an hour ahead, then moved to fall due two seconds from
+		// now, so the seeding time does not turn into a backlog.
+		base := time.Now().Add(time.Hour)
+		due := func(i int) time.Time { return base.Add(time.Duration(i) * time.Second / rate) }
+		nos := be.seed(b, n, due, false)
+		first := time.Now().Add(2 * time.Second)
+		shift := base.Sub(first)
+		if _, err := be.pe.db.ExecContext(be.ctx, "UPDATE orders SET expires_at = expires_at - make_interval(secs => ?)", shift.Seconds()); err != nil {
+			b.Fatal(err)
+		}
+		items := make([]queue.Item, n)
+		for i, no := range nos {
+			items[i] = queue.Item{Member: no, Due: due(i).Add(-shift)}
+		}
+		if _, err := queue.CloseQueue(be.pe.rs.Client, be.pe.keys).ScheduleIfAbsent(be.ctx, items); err != nil {
+			b.Fatal(err)
+		}
 		w := be.workers(b, queue.Config{}, true)
 		var mu sync.Mutex
 		lats := make([]time.Duration, 0, n)
