@@ -135,7 +135,7 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	}
 	var next atomic.Int64
 	var mu sync.Mutex
-	var all []time.Duration
+	var all, doneAt []time.Duration
 	errs := map[string]int{}
 	var wg sync.WaitGroup
 	cpu0 := probe.take()
@@ -145,6 +145,7 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 		go func() {
 			defer wg.Done()
 			mine := make([]time.Duration, 0, n/conc+1)
+			var myDone []time.Duration
 			myErrs := map[string]int{}
 			for ctx.Err() == nil {
 				i := int(next.Add(1)) - 1
@@ -160,9 +161,11 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 					continue
 				}
 				mine = append(mine, d)
+				myDone = append(myDone, time.Since(start))
 			}
 			mu.Lock()
 			all = append(all, mine...)
+			doneAt = append(doneAt, myDone...)
 			for k, v := range myErrs {
 				errs[k] += v
 			}
@@ -173,7 +176,7 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	wall := time.Since(start)
 	cpu := cpuUse(cpu0, probe.take())
 	return &DirectReport{OK: len(all), Errors: errs, WallSeconds: wall.Seconds(),
-		OrdersPerSec: rate(len(all), wall), Latency: summarize(all)}, cpu, nil
+		OrdersPerSec: rate(len(all), wall), Latency: summarize(all), ByTenth: byTenth(doneAt, wall)}, cpu, nil
 }
 
 // runAudit checks the whole ledger's invariants.

@@ -214,6 +214,7 @@ func shouldPay(i int, share float64) bool {
 type loadResult struct {
 	wall        time.Duration
 	placed      []time.Duration
+	doneAt      []time.Duration // when each placed order's answer came, since the start
 	placeErrors map[string]int
 	paid        []time.Duration
 	paySent     int
@@ -227,6 +228,7 @@ func runLoad(ctx context.Context, c *client, productID, runID string, n, conc in
 	var next atomic.Int64
 	type workerOut struct {
 		placed, paid       []time.Duration
+		doneAt             []time.Duration // since start, per placed order
 		placeErrs, payErrs map[string]int
 		paySent            int
 		firstErr           string
@@ -260,6 +262,7 @@ func runLoad(ctx context.Context, c *client, productID, runID string, n, conc in
 					continue
 				}
 				out.placed = append(out.placed, d)
+				out.doneAt = append(out.doneAt, time.Since(start))
 				if !shouldPay(i, share) {
 					continue
 				}
@@ -283,6 +286,7 @@ func runLoad(ctx context.Context, c *client, productID, runID string, n, conc in
 	res := loadResult{wall: time.Since(start), placeErrors: map[string]int{}, payErrors: map[string]int{}}
 	for _, o := range outs {
 		res.placed = append(res.placed, o.placed...)
+		res.doneAt = append(res.doneAt, o.doneAt...)
 		res.paid = append(res.paid, o.paid...)
 		res.paySent += o.paySent
 		for k, v := range o.placeErrs {

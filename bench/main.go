@@ -307,7 +307,7 @@ func run(ctx context.Context, o *options) (code int) {
 	wall := lr.wall
 	rep.Place = PlaceReport{OK: len(lr.placed), Errors: lr.placeErrors, WallSeconds: wall.Seconds(),
 		OrdersPerSec: rate(len(lr.placed), wall), Latency: summarize(lr.placed),
-		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall)}
+		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall), ByTenth: byTenth(lr.doneAt, wall)}
 	rep.Pay = PayReport{Sent: lr.paySent, OK: len(lr.paid), Errors: lr.payErrors,
 		PaymentsPerSec: rate(len(lr.paid), wall), Latency: summarize(lr.paid)}
 	if lr.firstError != "" {

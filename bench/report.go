@@ -50,6 +50,33 @@ func summarize(ds []time.Duration) Latency {
 	}
 }
 
+// byTenth splits wall into ten equal slices and returns the rate of the
+// events at doneAt (offsets from the start) in each: a falling series is a
+// system that slows as its tables grow.
+func byTenth(doneAt []time.Duration, wall time.Duration) []float64 {
+	if wall <= 0 {
+		return nil
+	}
+	counts := make([]int, 10)
+	for _, t := range doneAt {
+		i := int(int64(t) * 10 / int64(wall))
+		counts[max(0, min(i, 9))]++
+	}
+	out := make([]float64, 10)
+	for i, n := range counts {
+		out[i] = math.Round(rate(n, wall/10))
+	}
+	return out
+}
+
+func fmtSeries(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.0f", x)
+	}
+	return strings.Join(parts, " ")
+}
+
 func ms(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1000 }
 
 // rate is n per second over d; 0 when d is not positive.
@@ -93,6 +120,8 @@ type PlaceReport struct {
 	Latency      Latency        `json:"latency"`
 	// RequestsPerSec counts createOrder and webhook requests together.
 	RequestsPerSec float64 `json:"requests_per_sec"`
+	// ByTenth is orders/s in each tenth of the phase's wall time.
+	ByTenth []float64 `json:"orders_per_sec_by_tenth,omitempty"`
 }
 
 // PayReport is the sandbox webhook calls made during the place phase.
@@ -123,6 +152,7 @@ type DirectReport struct {
 	WallSeconds  float64        `json:"wall_seconds"`
 	OrdersPerSec float64        `json:"orders_per_sec"`
 	Latency      Latency        `json:"latency"`
+	ByTenth      []float64      `json:"orders_per_sec_by_tenth,omitempty"`
 }
 
 // ProcessReport is the server process seen from /proc, and the machine.
@@ -180,6 +210,9 @@ func (r *Report) Write(w io.Writer) {
 	p("  latency       %s", lat(r.Place.Latency))
 	p("  errors        %s", fmtCounts(r.Place.Errors))
 	p("  all requests  %.0f/s (createOrder + webhook)", r.Place.RequestsPerSec)
+	if len(r.Place.ByTenth) > 0 {
+		p("  by tenth      %s orders/s", fmtSeries(r.Place.ByTenth))
+	}
 	p("pay    signed sandbox notification, POST /webhooks/sandbox")
 	p("  paid          %d of %d answered 200: %.0f payments/s", r.Pay.OK, r.Pay.Sent, r.Pay.PaymentsPerSec)
 	p("  latency       %s", lat(r.Pay.Latency))
@@ -201,6 +234,9 @@ func (r *Report) Write(w io.Writer) {
 		p("  orders placed %d in %.2fs: %.0f orders/s", d.OK, d.WallSeconds, d.OrdersPerSec)
 		p("  latency       %s", lat(d.Latency))
 		p("  errors        %s", fmtCounts(d.Errors))
+		if len(d.ByTenth) > 0 {
+			p("  by tenth      %s orders/s", fmtSeries(d.ByTenth))
+		}
 		p("  end-to-end / direct  %.2f", r.Ratio)
 	}
 	pr := r.Process

@@ -175,3 +175,25 @@ func TestLogTailCounts(t *testing.T) {
 		t.Errorf("tail %q", tail)
 	}
 }
+
+func TestByTenth(t *testing.T) {
+	var done []time.Duration
+	for i := 0; i < 100; i++ {
+		done = append(done, time.Duration(i)*10*time.Millisecond) // 100 events over 1s, 10 per 100ms
+	}
+	got := byTenth(done, time.Second)
+	for i, v := range got {
+		if v != 100 {
+			t.Errorf("tenth %d: %v/s, want 100 (%v)", i, v, got)
+		}
+	}
+	if got := byTenth([]time.Duration{2 * time.Second}, time.Second); got[9] != 10 {
+		t.Errorf("a late event lands in the last tenth: %v", got)
+	}
+	if byTenth(nil, 0) != nil {
+		t.Error("zero wall time gives a series")
+	}
+	if s := fmtSeries([]float64{1, 2.4}); s != "1 2" {
+		t.Errorf("fmtSeries = %q", s)
+	}
+}
