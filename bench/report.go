@@ -213,10 +213,14 @@ func (r *Report) Write(w io.Writer) {
 	if len(r.Place.ByTenth) > 0 {
 		p("  by tenth      %s orders/s", fmtSeries(r.Place.ByTenth))
 	}
-	p("pay    signed sandbox notification, POST /webhooks/sandbox")
-	p("  paid          %d of %d answered 200: %.0f payments/s", r.Pay.OK, r.Pay.Sent, r.Pay.PaymentsPerSec)
-	p("  latency       %s", lat(r.Pay.Latency))
-	p("  errors        %s", fmtCounts(r.Pay.Errors))
+	p("pay    signed sandbox notification, POST /webhooks/sandbox, right after createOrder")
+	if r.Pay.Sent == 0 {
+		p("  none sent")
+	} else {
+		p("  paid          %d of %d answered 200: %.0f payments/s", r.Pay.OK, r.Pay.Sent, r.Pay.PaymentsPerSec)
+		p("  latency       %s", lat(r.Pay.Latency))
+		p("  errors        %s", fmtCounts(r.Pay.Errors))
+	}
 	if c := r.Close; c != nil {
 		state := "all closed"
 		if !c.Complete {
