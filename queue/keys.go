@@ -66,3 +66,7 @@ func (k Keys) SweepLock() string { return k.prefix + "lock:sweep" }
 
 // OrderChannel is the pub/sub channel of one order's status changes.
 func (k Keys) OrderChannel(orderNo string) string { return k.prefix + "order:{" + orderNo + "}" }
+
+// Lock is a named lock that one process holds at a time (the
+// reconciliation's, say).
+func (k Keys) Lock(name string) string { return k.prefix + "lock:" + name }

@@ -130,3 +130,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 `)
+
+// lockScript takes a lock that expires at ARGV[2], if it is free or its
+// holder's time ran out by ARGV[1]. The deadline is kept in the value as
+// well as in the key's TTL, so the lock also expires where keys do not
+// expire on their own (miniredis, whose clock only moves when told).
+//
+// KEYS[1] lock
+// ARGV[1] now (unix ms), ARGV[2] deadline (unix ms), ARGV[3] TTL (ms)
+// Returns 1 taken, 0 held by another.
+var lockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and tonumber(v) and tonumber(v) > tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+`)

@@ -487,8 +487,10 @@ func (w *Workers) sweepLocked() {
 	if w.stopping() {
 		return
 	}
-	got, err := w.rdb.SetNX(w.ctx, w.keys.SweepLock(), randomToken(), max(w.cfg.SweepEvery/2, time.Second)).Result()
-	if err == nil && !got {
+	ttl := max(w.cfg.SweepEvery/2, time.Second)
+	now := time.Now()
+	got, err := lockScript.Run(w.ctx, w.rdb, []string{w.keys.SweepLock()}, now.UnixMilli(), now.Add(ttl).UnixMilli(), ttl.Milliseconds()).Int()
+	if err == nil && got == 0 {
 		return
 	}
 	if _, err := w.Sweep(w.ctx); err != nil {
