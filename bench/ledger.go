@@ -96,6 +96,30 @@ func waitForCloses(ctx context.Context, db *bun.DB, productID int64, unpaid int,
 	return rep, nil
 }
 
+// describeServer names the database server and the settings that move
+// its throughput most; "" when it cannot tell.
+func describeServer(ctx context.Context, db *bun.DB) string {
+	var version string
+	switch db.Dialect().Name().String() {
+	case "pg":
+		var sc, sb string
+		if db.QueryRowContext(ctx, "SHOW server_version").Scan(&version) != nil {
+			return ""
+		}
+		_ = db.QueryRowContext(ctx, "SHOW synchronous_commit").Scan(&sc)
+		_ = db.QueryRowContext(ctx, "SHOW shared_buffers").Scan(&sb)
+		return fmt.Sprintf("PostgreSQL %s, synchronous_commit=%s, shared_buffers=%s", version, sc, sb)
+	case "mysql":
+		if db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version) != nil {
+			return ""
+		}
+		return "MySQL " + version
+	case "sqlite":
+		return "SQLite"
+	}
+	return ""
+}
+
 // quietLogger drops the ledger's logs (alerts would be counted by audit).
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 

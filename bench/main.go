@@ -283,6 +283,9 @@ func run(ctx context.Context, o *options) (code int) {
 			return fail("opening the database: %v", err)
 		}
 		cleanups = append(cleanups, func() { db.Close() })
+		if d := describeServer(runCtx, db); d != "" {
+			rep.Database += " (" + d + ")"
+		}
 	}
 
 	// Setup through the API.
