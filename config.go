@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kami/domain"
+	"kami/queue"
 )
 
 // Config is every KAMI_* setting. Each has a default that works on a fresh
@@ -35,6 +36,10 @@ type Config struct {
 	SandboxSecret string // KAMI_SANDBOX_SECRET; see sandboxEnabled
 	LogFormat     string // KAMI_LOG_FORMAT: text (default) or json
 	LogLevel      slog.Level
+	AlertWebhook  string // KAMI_ALERT_WEBHOOK: WeCom, DingTalk or Slack incoming webhook; empty: log only
+
+	// Workers tunes the queue workers; tests shorten its intervals.
+	Workers queue.Config
 
 	Alipay AlipaySettings
 	Wechat WechatSettings
@@ -78,6 +83,7 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		AdminToken:    getenv("KAMI_ADMIN_TOKEN"),
 		LogFormat:     or(getenv("KAMI_LOG_FORMAT"), "text"),
 		SandboxSecret: getenv("KAMI_SANDBOX_SECRET"),
+		AlertWebhook:  getenv("KAMI_ALERT_WEBHOOK"),
 		Alipay: AlipaySettings{AppID: getenv("KAMI_ALIPAY_APP_ID"), PrivateKey: getenv("KAMI_ALIPAY_PRIVATE_KEY"),
 			PublicKey: getenv("KAMI_ALIPAY_PUBLIC_KEY"), Gateway: getenv("KAMI_ALIPAY_GATEWAY")},
 		Wechat: WechatSettings{AppID: getenv("KAMI_WECHAT_APP_ID"), MchID: getenv("KAMI_WECHAT_MCH_ID"),
@@ -126,6 +132,9 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		if *s.dst, err = integer(getenv(s.name), s.def); err != nil || *s.dst < 0 {
 			bad(s.name, "want a whole number, 0 or more")
 		}
+	}
+	if c.AlertWebhook != "" && !strings.HasPrefix(c.AlertWebhook, "https://") && !strings.HasPrefix(c.AlertWebhook, "http://") {
+		bad("KAMI_ALERT_WEBHOOK", "want an http(s) URL")
 	}
 	if c.MaxQuantity == 0 {
 		bad("KAMI_MAX_QUANTITY", "must be at least 1")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,10 @@ type metrics struct {
 	alerts         *prometheus.CounterVec
 	violations     prometheus.Gauge
 	reconciled     *prometheus.GaugeVec
+
+	// closeOK and closeAll count this process's close attempts for the
+	// stats query's close success rate.
+	closeOK, closeAll atomic.Int64
 }
 
 var _ domain.Observer = (*metrics)(nil)
@@ -86,11 +91,41 @@ func (m *metrics) OrderPlaced()             { m.ordersPlaced.Inc() }
 func (m *metrics) OrderRefused(code string) { m.ordersRefused.WithLabelValues(code).Inc() }
 func (m *metrics) OrderClosed(reason domain.CloseReason, outcome domain.CloseOutcome, lateBy time.Duration) {
 	m.closes.WithLabelValues(string(reason), string(outcome)).Inc()
+	m.closeAll.Add(1)
+	if outcome == domain.Closed || outcome == domain.CloseSkipped {
+		m.closeOK.Add(1)
+	}
 	if outcome == domain.Closed && reason == domain.CloseTimeout {
 		m.closeLatency.Observe(max(lateBy, 0).Seconds())
 	}
 }
-func (m *metrics) CloseFailed(orders int) { m.closeFailures.Add(float64(orders)) }
+func (m *metrics) CloseFailed(orders int) {
+	m.closeFailures.Add(float64(orders))
+	m.closeAll.Add(int64(orders))
+}
+
+// closeSuccessRate is the share of this process's close attempts that
+// closed or correctly skipped their order; nil before any.
+func (m *metrics) closeSuccessRate() *float64 {
+	all := m.closeAll.Load()
+	if all == 0 {
+		return nil
+	}
+	r := float64(m.closeOK.Load()) / float64(all)
+	return &r
+}
+
+// Reconciled records the figures of a finished reconciliation.
+func (m *metrics) Reconciled(run domain.ReconcileRun) {
+	m.violations.Set(float64(run.Violations))
+	for figure, v := range map[string]float64{
+		"closed_stragglers": float64(run.ClosedStragglers), "stale_refunds": float64(run.StaleRefunds),
+		"rescheduled": float64(run.Rescheduled), "counters_repaired": float64(run.CountersRepaired),
+		"finished_unix": float64(run.FinishedAt.Unix()),
+	} {
+		m.reconciled.WithLabelValues(figure).Set(v)
+	}
+}
 func (m *metrics) PaymentRecorded(outcome domain.PaymentOutcome) {
 	m.payments.WithLabelValues(string(outcome)).Inc()
 }

@@ -4,6 +4,7 @@
 //	kami            run the server (the default)
 //	kami migrate    apply database migrations and exit
 //	kami audit      check the ledger's invariants; exit 1 with one line per violation
+//	kami reconcile  run the nightly reconciliation once, now
 package main
 
 import (
@@ -19,14 +20,19 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/robfig/cron/v3"
 	"github.com/uptrace/bun"
 
 	"kami/domain"
+	"kami/graph"
 	"kami/migrations"
 	"kami/providers"
 	"kami/providers/alipay"
 	"kami/providers/sandbox"
 	"kami/providers/wechat"
+	"kami/queue"
 )
 
 func main() {
@@ -76,7 +82,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 		defer db.Close()
-		ledger, err := newLedger(cfg, db, logger)
+		ledger, err := newLedger(cfg, db, domain.LogAlerter{Logger: logger})
 		if err != nil {
 			return err
 		}
@@ -92,11 +98,26 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		fmt.Fprintln(stdout, "ledger audit: clean")
 		return nil
+	case "reconcile":
+		a, err := newApp(ctx, cfg, logger)
+		if err != nil {
+			return err
+		}
+		defer a.Close(context.Background())
+		run, err := a.reconcile(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "reconcile:", run.Summary)
+		if run.Error != "" || run.Violations > 0 {
+			return fmt.Errorf("reconcile: %s", or(run.Error, "ledger violations found"))
+		}
+		return nil
 	case "help", "-h", "--help":
-		fmt.Fprintln(stdout, "usage: kami [serve|migrate|audit]")
+		fmt.Fprintln(stdout, "usage: kami [serve|migrate|audit|reconcile]")
 		return nil
 	default:
-		return fmt.Errorf("unknown command %q (want serve, migrate or audit)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, migrate, audit or reconcile)", cmd)
 	}
 }
 
@@ -128,7 +149,7 @@ func openMigrated(ctx context.Context, cfg *Config, logger *slog.Logger) (*bun.D
 	return db, nil
 }
 
-func newLedger(cfg *Config, db *bun.DB, logger *slog.Logger) (*domain.Ledger, error) {
+func newLedger(cfg *Config, db *bun.DB, alerts domain.Alerter) (*domain.Ledger, error) {
 	sealer, err := domain.NewSealer(cfg.CardKey)
 	if err != nil {
 		return nil, err
@@ -137,7 +158,7 @@ func newLedger(cfg *Config, db *bun.DB, logger *slog.Logger) (*domain.Ledger, er
 		OrderTTL: cfg.OrderTTL, MaxQuantity: cfg.MaxQuantity, LatePayment: cfg.LatePayment,
 		RefundBackoff:        cfg.RefundBackoff,
 		MaxPendingPerContact: cfg.MaxPendingPerContact, MaxPendingPerAddress: cfg.MaxPendingPerAddress,
-	}, domain.LogAlerter{Logger: logger}), nil
+	}, alerts), nil
 }
 
 // newProviders builds the registry from the enabled settings; a bad setting
@@ -177,22 +198,30 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 
 // app is one kami server process, built from a Config.
 type app struct {
-	cfg     *Config
-	log     *slog.Logger
-	db      *bun.DB
-	ledger  *domain.Ledger
-	shop    *domain.Shop
-	sandbox *sandbox.Provider
-	handler http.Handler
-	closers []func(context.Context) error // run in reverse order at shutdown
+	cfg        *Config
+	log        *slog.Logger
+	db         *bun.DB
+	rdb        redis.UniversalClient
+	keys       queue.Keys
+	ledger     *domain.Ledger
+	shop       *domain.Shop
+	sandbox    *sandbox.Provider
+	metrics    *metrics
+	alerts     *alerter
+	workers    *queue.Workers
+	reconciler *domain.Reconciler
+	cron       *cron.Cron
+	handler    http.Handler
+	closers    []func(context.Context) error // run in reverse order at shutdown
 }
 
-// newApp opens everything a server needs. Close releases it.
+// newApp opens everything a server needs; start starts its background
+// work; Close releases it all.
 func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err error) {
 	if err := cfg.ensureSecrets(); err != nil {
 		return nil, err
 	}
-	a := &app{cfg: cfg, log: logger}
+	a := &app{cfg: cfg, log: logger, keys: queue.NewKeys(cfg.RedisPrefix)}
 	defer func() {
 		if err != nil {
 			a.Close(context.Background())
@@ -202,7 +231,17 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 		return nil, err
 	}
 	a.closers = append(a.closers, func(context.Context) error { return a.db.Close() })
-	if a.ledger, err = newLedger(cfg, a.db, logger); err != nil {
+	rdb, closeRedis, err := queue.Connect(ctx, cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("KAMI_REDIS_URL: %w", err)
+	}
+	a.rdb = rdb
+	a.closers = append(a.closers, func(context.Context) error { return closeRedis() })
+
+	a.metrics = newMetrics(a.queueStats)
+	a.alerts = newAlerter(logger, cfg.AlertWebhook, cfg.PublicURL, a.metrics.Alert)
+	a.closers = append(a.closers, a.alerts.Close)
+	if a.ledger, err = newLedger(cfg, a.db, a.alerts); err != nil {
 		return nil, err
 	}
 	reg, sb, err := newProviders(cfg)
@@ -210,12 +249,102 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 		return nil, err
 	}
 	a.sandbox = sb
-	a.shop = &domain.Shop{Ledger: a.ledger, Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true}
-	a.handler = a.routes()
+	events := queue.NewEvents(rdb, a.keys, logger)
+	a.closers = append(a.closers, func(context.Context) error { events.Close(); return nil })
+	gate := queue.NewStockGate(rdb, a.keys, a.ledger)
+	a.shop = &domain.Shop{Ledger: a.ledger, Gate: gate, Scheduler: queue.NewScheduler(rdb, a.keys), Events: events,
+		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, Observer: a.metrics}
+	a.workers = queue.NewWorkers(cfg.Workers, rdb, a.keys, a.shop, a.ledger, logger)
+	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
+		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled}
+	a.handler = a.routes(events)
 	return a, nil
 }
 
-// Close stops what newApp started, newest first.
+// sweeper adapts the queue's sweeper to the reconciliation.
+type sweeper struct{ w *queue.Workers }
+
+func (s sweeper) Rebuild(ctx context.Context) (int, error) {
+	res, err := s.w.Sweep(ctx)
+	return res.Scheduled + res.Refunds + res.StockRebuilds, err
+}
+
+// start starts the queue workers and the nightly reconciliation; Close
+// stops them, waiting for the jobs in flight.
+func (a *app) start(ctx context.Context) error {
+	if err := a.workers.Start(ctx); err != nil {
+		return err
+	}
+	a.closers = append(a.closers, a.workers.Stop)
+	a.cron = cron.New(cron.WithSeconds(), cron.WithChain(cron.Recover(cronLog{a.log}), cron.SkipIfStillRunning(cronLog{a.log})))
+	if _, err := a.cron.AddFunc(a.cfg.ReconcileCron, func() { a.reconcile(context.Background()) }); err != nil {
+		return fmt.Errorf("KAMI_RECONCILE_CRON: %w", err)
+	}
+	a.cron.Start()
+	a.closers = append(a.closers, func(ctx context.Context) error {
+		select {
+		case <-a.cron.Stop().Done():
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	return nil
+}
+
+// reconcile runs the reconciliation once and logs its one summary line.
+func (a *app) reconcile(ctx context.Context) (*domain.ReconcileRun, error) {
+	run, err := a.reconciler.Run(ctx)
+	switch {
+	case errors.Is(err, domain.ErrReconcileRunning):
+		a.log.Info("reconcile skipped: another process is running it")
+	case err != nil:
+		a.log.Error("reconcile failed", "err", err)
+	case run.Error != "":
+		a.log.Error("reconcile: "+run.Summary, "errors", run.Error)
+	default:
+		a.log.Info("reconcile: " + run.Summary)
+	}
+	return run, err
+}
+
+// queueStats reads both delay queues for /metrics and the stats query.
+func (a *app) queueStats(ctx context.Context) ([]queueStat, error) {
+	c, r, err := a.workers.QueueStats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []queueStat{
+		{Name: "close", Backlog: c.Backlog, Leased: c.Leased, OldestOverdue: c.OldestOverdue},
+		{Name: "refund", Backlog: r.Backlog, Leased: r.Leased, OldestOverdue: r.OldestOverdue},
+	}, nil
+}
+
+// Health feeds the GraphQL stats query.
+func (a *app) Health(ctx context.Context) (graph.Health, error) {
+	qs, err := a.queueStats(ctx)
+	if err != nil {
+		return graph.Health{}, domain.Errorf(domain.EUNAVAILABLE, "the queues cannot be read right now")
+	}
+	var h graph.Health
+	for _, q := range qs {
+		h.Queues = append(h.Queues, graph.QueueHealth{Name: q.Name, Backlog: q.Backlog, OldestOverdue: q.OldestOverdue})
+	}
+	h.CloseSuccessRate = a.metrics.closeSuccessRate()
+	if h.RefundFailureRate, err = a.ledger.RefundFailureRate(ctx); err != nil {
+		return graph.Health{}, err
+	}
+	return h, nil
+}
+
+type cronLog struct{ l *slog.Logger }
+
+func (c cronLog) Info(msg string, kv ...any) { c.l.Debug("cron: "+msg, kv...) }
+func (c cronLog) Error(err error, msg string, kv ...any) {
+	c.l.Error("cron: "+msg, append(kv, "err", err)...)
+}
+
+// Close stops what newApp and start started, newest first.
 func (a *app) Close(ctx context.Context) error {
 	var errs []error
 	for i := len(a.closers) - 1; i >= 0; i-- {
@@ -228,8 +357,12 @@ func (a *app) Close(ctx context.Context) error {
 // maxWebhookBody bounds a notification body; the gateways send a few KiB.
 const maxWebhookBody = 64 << 10
 
-func (a *app) routes() http.Handler {
+func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("/graphql", graph.NewHandler(graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
+		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL}))
+	mux.Handle("GET /{$}", graph.Playground())
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
@@ -261,9 +394,17 @@ func (a *app) webhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := a.shop.HandleNotification(r.Context(), name, r.Header, body)
+	result := "ok"
 	if err != nil {
+		result = "refused"
+		if providers.KindOf(err) == providers.Invalid {
+			result = "invalid"
+		} else if domain.ErrorCode(err) == domain.EINTERNAL {
+			result = "error"
+		}
 		a.log.Warn("webhook refused", "provider", name, "reason", err.Error(), "remote", r.RemoteAddr)
 	}
+	a.metrics.Webhook(name, result)
 	p.Acknowledge(w, err)
 }
 
@@ -298,6 +439,11 @@ func (a *app) ready(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "migrations: %d pending\n", len(pending))
 		return
 	}
+	if err := a.rdb.Ping(ctx).Err(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "redis: not answering\n")
+		return
+	}
 	io.WriteString(w, "ready\n")
 }
 
@@ -306,6 +452,10 @@ func (a *app) ready(w http.ResponseWriter, r *http.Request) {
 func serve(ctx context.Context, cfg *Config, logger *slog.Logger, stdout io.Writer) error {
 	a, err := newApp(ctx, cfg, logger)
 	if err != nil {
+		return err
+	}
+	if err := a.start(ctx); err != nil {
+		a.Close(context.Background())
 		return err
 	}
 	for _, g := range cfg.generated {

@@ -196,3 +196,28 @@ func (l *Ledger) ReconcileRuns(ctx context.Context, limit int) ([]ReconcileRun, 
 	err := l.db.NewSelect().Model(&runs).OrderExpr("started_at DESC, id DESC").Limit(int64(limit)).Scan(ctx)
 	return runs, err
 }
+
+// RefundFailureRate is the share of finished refunds that ended FAILED, or
+// nil when none has finished yet.
+func (l *Ledger) RefundFailureRate(ctx context.Context) (*float64, error) {
+	var rows []struct {
+		Status RefundStatus `bun:"status"`
+		N      int64        `bun:"n"`
+	}
+	if err := l.db.NewSelect().Table("refund_order").Column("status").ColumnExpr("COUNT(*) AS n").
+		Where("status IN (?)", bun.In([]RefundStatus{RefundSucceeded, RefundFailed})).Group("status").Scan(ctx, &rows); err != nil {
+		return nil, err
+	}
+	var failed, all int64
+	for _, r := range rows {
+		all += r.N
+		if r.Status == RefundFailed {
+			failed = r.N
+		}
+	}
+	if all == 0 {
+		return nil, nil
+	}
+	rate := float64(failed) / float64(all)
+	return &rate, nil
+}

@@ -89,6 +89,11 @@ type Config struct {
 	// a reverse proxy, set it to read the proxy's header; X-Forwarded-For
 	// is not trusted by default since any client can send it.
 	ClientAddr func(r *http.Request) string
+	// OnOperation, if set, hears every executed query and mutation (and
+	// each subscription as it starts) with its operation name
+	// ("anonymous" when it has none) and the extensions.code of its first
+	// error ("" when none), for metrics.
+	OnOperation func(operation, code string)
 }
 
 func (c Config) withDefaults() Config {
@@ -151,8 +156,20 @@ func NewHandler(cfg Config) http.Handler {
 	// subscription event, so a long-lived subscription never reads a
 	// stale cache.
 	srv.AroundResponses(func(ctx context.Context, next graphql.ResponseHandler) *graphql.Response {
-		return next(withLoaders(ctx, cfg.Ledger))
+		resp := next(withLoaders(ctx, cfg.Ledger))
+		if cfg.OnOperation != nil && graphql.HasOperationContext(ctx) {
+			observeOperation(ctx, resp, cfg.OnOperation)
+		}
+		return resp
 	})
+	if cfg.OnOperation != nil {
+		srv.AroundOperations(func(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
+			if oc := graphql.GetOperationContext(ctx); oc.Operation != nil && oc.Operation.Operation == ast.Subscription {
+				cfg.OnOperation(operationName(oc), "")
+			}
+			return next(ctx)
+		})
+	}
 	return &httpHandler{cfg: cfg, srv: srv}
 }
 
@@ -202,4 +219,34 @@ func newSchemaConfig(cfg Config) generated.Config {
 		return 1 + page(first)*child
 	}
 	return c
+}
+
+// observeOperation reports a query's or mutation's response to
+// OnOperation; subscriptions are reported once, when they start (see
+// NewHandler), not once per event.
+func observeOperation(ctx context.Context, resp *graphql.Response, on func(operation, code string)) {
+	oc := graphql.GetOperationContext(ctx)
+	if oc.Operation != nil && oc.Operation.Operation == ast.Subscription {
+		return
+	}
+	code := ""
+	if resp != nil && len(resp.Errors) > 0 {
+		if c, ok := resp.Errors[0].Extensions["code"].(string); ok {
+			code = c
+		} else {
+			code = "INTERNAL"
+		}
+	}
+	on(operationName(oc), code)
+}
+
+func operationName(oc *graphql.OperationContext) string {
+	name := oc.OperationName
+	if name == "" && oc.Operation != nil {
+		name = oc.Operation.Name
+	}
+	if name == "" {
+		return "anonymous"
+	}
+	return name
 }
