@@ -37,6 +37,9 @@ type Config struct {
 	LogFormat     string // KAMI_LOG_FORMAT: text (default) or json
 	LogLevel      slog.Level
 	AlertWebhook  string // KAMI_ALERT_WEBHOOK: WeCom, DingTalk or Slack incoming webhook; empty: log only
+	// ProviderTimeout bounds each call to a payment gateway
+	// (KAMI_PROVIDER_TIMEOUT, default 10s).
+	ProviderTimeout time.Duration
 
 	// Workers tunes the queue workers; tests shorten its intervals.
 	Workers queue.Config
@@ -108,6 +111,9 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	var err error
 	if c.OrderTTL, err = duration(getenv("KAMI_ORDER_TTL"), 15*time.Minute); err != nil || c.OrderTTL < time.Second || c.OrderTTL > 24*time.Hour {
 		bad("KAMI_ORDER_TTL", "want a duration from 1s to 24h, like 15m")
+	}
+	if c.ProviderTimeout, err = duration(getenv("KAMI_PROVIDER_TIMEOUT"), 10*time.Second); err != nil || c.ProviderTimeout < 100*time.Millisecond || c.ProviderTimeout > 2*time.Minute {
+		bad("KAMI_PROVIDER_TIMEOUT", "want a duration from 100ms to 2m, like 10s")
 	}
 	if c.RefundBackoff, err = durations(getenv("KAMI_REFUND_BACKOFF"), domain.DefaultRefundBackoff); err != nil {
 		bad("KAMI_REFUND_BACKOFF", err.Error())

@@ -168,7 +168,7 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 	var sb *sandbox.Provider
 	if cfg.sandboxEnabled() {
 		var err error
-		sb, err = sandbox.New(sandbox.Config{Secret: cfg.SandboxSecret, BaseURL: cfg.PublicURL})
+		sb, err = sandbox.New(sandbox.Config{Secret: cfg.SandboxSecret, BaseURL: cfg.PublicURL, Timeout: cfg.ProviderTimeout})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -177,7 +177,7 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 	if cfg.Alipay.enabled() {
 		c, err := alipay.New(alipay.Config{AppID: cfg.Alipay.AppID, PrivateKey: cfg.Alipay.PrivateKey,
 			AlipayPublicKey: cfg.Alipay.PublicKey, Gateway: cfg.Alipay.Gateway,
-			NotifyURL: cfg.PublicURL + "/webhooks/alipay"})
+			NotifyURL: cfg.PublicURL + "/webhooks/alipay", ReturnURL: cfg.PublicURL, Timeout: cfg.ProviderTimeout})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -187,7 +187,7 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 		c, err := wechat.New(wechat.Config{AppID: cfg.Wechat.AppID, MchID: cfg.Wechat.MchID, SerialNo: cfg.Wechat.SerialNo,
 			PrivateKey: cfg.Wechat.PrivateKey, APIv3Key: cfg.Wechat.APIv3Key, PlatformPublicKey: cfg.Wechat.PlatformPublicKey,
 			PlatformPublicKeyID: cfg.Wechat.PlatformPublicKeyID, APIBase: cfg.Wechat.APIBase,
-			NotifyURL: cfg.PublicURL + "/webhooks/wechat"})
+			NotifyURL: cfg.PublicURL + "/webhooks/wechat", Timeout: cfg.ProviderTimeout})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -253,7 +253,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	a.closers = append(a.closers, func(context.Context) error { events.Close(); return nil })
 	gate := queue.NewStockGate(rdb, a.keys, a.ledger)
 	a.shop = &domain.Shop{Ledger: a.ledger, Gate: gate, Scheduler: queue.NewScheduler(rdb, a.keys), Events: events,
-		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, Observer: a.metrics}
+		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, ProviderTimeout: cfg.ProviderTimeout, Observer: a.metrics}
 	a.workers = queue.NewWorkers(cfg.Workers, rdb, a.keys, a.shop, a.ledger, logger)
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
 		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled}
