@@ -53,7 +53,7 @@ func NewStockGate(rdb redis.UniversalClient, keys Keys, ledger *domain.Ledger) *
 }
 
 func newStockGate(rdb redis.UniversalClient, keys Keys, count func(context.Context, int64) (int, error)) *StockGate {
-	return &StockGate{rdb: rdb, keys: keys, count: count, RebuildWait: 3 * time.Second}
+	return &StockGate{rdb: rdb, keys: keys, count: count, RebuildWait: 5 * time.Second}
 }
 
 // Rebuilds is how many times this process counted a product's stock in the

@@ -22,6 +22,9 @@ func TestStockGateTakeGiveBackRebuildOnce(t *testing.T) {
 		p := e.product(t, 300)
 		// Two processes' gates (own clients); the counter is missing.
 		other := queue.NewStockGate(rs.NewClient(t), e.keys, e.ledger)
+		// Once, not fast, is what is tested: under -race a thousand
+		// goroutines queue on the connection pools for seconds.
+		e.gate.RebuildWait, other.RebuildWait = 30*time.Second, 30*time.Second
 		var taken atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 1000 {
