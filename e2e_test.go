@@ -15,6 +15,7 @@ import (
 	"kami/domain/dbtest"
 	"kami/providers/alipay/alipayemu"
 	"kami/providers/providertest"
+	"kami/queue"
 	"kami/queue/redistest"
 )
 
@@ -38,8 +39,8 @@ func eachStack(t *testing.T, fn func(t *testing.T, s stack)) {
 	}
 }
 
-// alipayApp is a whole kami wired to an Alipay gateway emulator, with its
-// workers running.
+// alipayApp is a whole kami wired to an Alipay gateway emulator; start
+// runs its workers.
 type alipayApp struct {
 	*testApp
 	emu *alipayemu.Server
@@ -63,11 +64,16 @@ func newAlipayApp(t *testing.T, s stack, extra env) *alipayApp {
 	for k, v := range extra {
 		e[k] = v
 	}
-	ta := newTestApp(t, s.db, e)
-	if err := ta.start(t.Context()); err != nil {
+	return &alipayApp{testApp: newTestApp(t, s.db, e), emu: emu}
+}
+
+// running starts the app's queue workers and reconciliation cron.
+func (a *alipayApp) running(t *testing.T) *alipayApp {
+	t.Helper()
+	if err := a.start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	return &alipayApp{testApp: ta, emu: emu}
+	return a
 }
 
 // eventually polls cond until it holds or d passes.
@@ -87,7 +93,11 @@ func (a *alipayApp) order(t *testing.T, p *domain.Product) *domain.Order {
 	co, err := a.shop.PlaceOrder(t.Context(), domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
 		Contact: fmt.Sprintf("buyer-%d@example.com", time.Now().UnixNano()), Provider: "alipay"}, "qr", "127.0.0.1")
 	if err != nil {
-		t.Fatal(err)
+		gate := a.shop.Gate.(*queue.StockGate)
+		n, ok, cerr := gate.Counter(context.Background(), p.ID)
+		c, _ := a.ledger.StockCounts(context.Background(), p.ID)
+		keys, _ := a.rdb.Keys(context.Background(), a.keys.Prefix()+"*").Result()
+		t.Fatalf("%v; counter %d %v %v db %+v rebuilds %d keys %v", err, n, ok, cerr, c, gate.Rebuilds(), keys)
 	}
 	if co.Payment.Kind != "QR_CODE" || co.Payment.QRCode == "" {
 		t.Fatalf("payment %+v", co.Payment)
@@ -120,7 +130,7 @@ func (a *alipayApp) audit(t *testing.T) {
 func TestAlipayDuplicateNotifications(t *testing.T) {
 	t.Parallel()
 	eachStack(t, func(t *testing.T, s stack) {
-		a := newAlipayApp(t, s, nil)
+		a := newAlipayApp(t, s, nil).running(t)
 		p := a.product(t, 1999, "GIFT-1", "GIFT-2")
 		o := a.order(t, p)
 		header, body, err := a.emu.Pay(o.OrderNo, o.AmountFen)
@@ -161,7 +171,7 @@ func TestAlipayDuplicateNotifications(t *testing.T) {
 func TestLatePaymentRefundedOnceDespiteTimeout(t *testing.T) {
 	t.Parallel()
 	eachStack(t, func(t *testing.T, s stack) {
-		a := newAlipayApp(t, s, env{"KAMI_ORDER_TTL": "1s", "KAMI_REFUND_BACKOFF": "100ms,100ms,100ms"})
+		a := newAlipayApp(t, s, env{"KAMI_ORDER_TTL": "1s", "KAMI_REFUND_BACKOFF": "100ms,100ms,100ms"}).running(t)
 		p := a.product(t, 1250, "LATE-1")
 		o := a.order(t, p)
 		eventually(t, 10*time.Second, "the unpaid order closes on time", func() bool { return a.status(t, o.OrderNo) == domain.OrderClosed })
@@ -211,7 +221,7 @@ func TestLatePaymentRefundedOnceDespiteTimeout(t *testing.T) {
 func TestRefundGivesUpThenAdminRetries(t *testing.T) {
 	t.Parallel()
 	eachStack(t, func(t *testing.T, s stack) {
-		a := newAlipayApp(t, s, env{"KAMI_REFUND_BACKOFF": "100ms,100ms"})
+		a := newAlipayApp(t, s, env{"KAMI_REFUND_BACKOFF": "100ms,100ms"}).running(t)
 		p := a.product(t, 800, "R-1")
 		o := a.order(t, p)
 		header, body, err := a.emu.Pay(o.OrderNo, o.AmountFen)

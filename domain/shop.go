@@ -171,6 +171,23 @@ func (s *Shop) cancelUnpayable(ctx context.Context, o *Order) {
 	}
 }
 
+// ImportCards imports codes through the ledger and adds the new cards to
+// the stock gate. Without this a counter built while the product had no
+// cards (a buyer or the sweeper found it missing) would stay at zero and
+// refuse every sale until the nightly repair. A counter rebuilt from the
+// database between the commit and the give-back counts the new cards twice;
+// too high is safe, since the card lock in the ledger is the real gate.
+func (s *Shop) ImportCards(ctx context.Context, productID int64, codes []string, actor string) (ImportResult, error) {
+	res, err := s.Ledger.ImportCards(ctx, productID, codes, actor)
+	if err != nil || res.Imported == 0 || s.Gate == nil {
+		return res, err
+	}
+	if gerr := s.Gate.GiveBack(context.WithoutCancel(ctx), productID, res.Imported); gerr != nil {
+		s.log().WarnContext(ctx, "stock gate not told of imported cards; reconciliation repairs it", "product", productID, "err", gerr)
+	}
+	return res, nil
+}
+
 // CancelOrder closes a buyer's PENDING order now.
 func (s *Shop) CancelOrder(ctx context.Context, orderNo, token string) (*Order, error) {
 	if _, err := s.Ledger.BuyerOrder(ctx, orderNo, token); err != nil {

@@ -52,7 +52,7 @@ func (r *mutationResolver) ImportCards(ctx context.Context, productID int64, cod
 	if err := requireAdmin(ctx); err != nil {
 		return nil, err
 	}
-	res, err := r.cfg.Ledger.ImportCards(ctx, productID, codes, actor)
+	res, err := r.cfg.Shop.ImportCards(ctx, productID, codes, actor)
 	return &res, err
 }
 
