@@ -1,0 +1,49 @@
+package migrations
+
+import (
+	"context"
+
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
+)
+
+// Indexes for the scans that had none: the sweeper pages PENDING orders by
+// (expires_at, id), admins list orders, refunds and cards newest first
+// without other filters. The (status, expires_at) index is replaced by
+// (status, expires_at, id), which serves everything it served.
+func init() {
+	Migrations.MustRegister(func(ctx context.Context, db *bun.DB) error {
+		if err := execAll(ctx, db, listIndexesUp); err != nil {
+			return err
+		}
+		return dropIndex(ctx, db, "orders", "orders_status_expires")
+	}, func(ctx context.Context, db *bun.DB) error {
+		if err := execAll(ctx, db, `CREATE INDEX orders_status_expires ON orders (status, expires_at);`); err != nil {
+			return err
+		}
+		for _, ix := range [][2]string{{"orders", "orders_status_expires_id"}, {"orders", "orders_created"},
+			{"refund_order", "refund_order_created"}, {"card_stock", "card_stock_status"}} {
+			if err := dropIndex(ctx, db, ix[0], ix[1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+const listIndexesUp = `
+CREATE INDEX orders_status_expires_id ON orders (status, expires_at, id);
+CREATE INDEX orders_created ON orders (created_at, id);
+CREATE INDEX refund_order_created ON refund_order (created_at, id);
+CREATE INDEX card_stock_status ON card_stock (status, id);
+`
+
+// dropIndex drops an index; MySQL names its table, the others do not.
+func dropIndex(ctx context.Context, db *bun.DB, table, index string) error {
+	q := "DROP INDEX " + index
+	if db.Dialect().Name() == dialect.MySQL {
+		q += " ON " + table
+	}
+	_, err := db.ExecContext(ctx, q)
+	return err
+}
