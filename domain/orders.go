@@ -61,6 +61,7 @@ func (in *PlaceOrderInput) normalize() error {
 // PlacedOrder is what a buyer gets back from PlaceOrder.
 type PlacedOrder struct {
 	Order       *Order
+	Product     *Product // the product as the order was priced
 	AccessToken string
 	// Replayed is true when the idempotency key matched an existing order:
 	// nothing new was locked.
@@ -80,10 +81,13 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 			return placed, err
 		}
 	}
-	var order *Order
+	var (
+		order   *Order
+		product *Product
+	)
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var err error
-		order, err = l.placeOrder(ctx, tx, in)
+		order, product, err = l.placeOrder(ctx, tx, in)
 		return err
 	})
 	if err != nil {
@@ -96,7 +100,7 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 		}
 		return nil, err
 	}
-	return &PlacedOrder{Order: order, AccessToken: l.sealer.AccessToken(order.OrderNo)}, nil
+	return &PlacedOrder{Order: order, Product: product, AccessToken: l.sealer.AccessToken(order.OrderNo)}, nil
 }
 
 // replay returns the order already placed with in's idempotency key, or nil.
@@ -115,23 +119,23 @@ func (l *Ledger) replay(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, 
 	return &PlacedOrder{Order: &o, AccessToken: l.sealer.AccessToken(o.OrderNo), Replayed: true}, nil
 }
 
-func (l *Ledger) placeOrder(ctx context.Context, tx bun.Tx, in PlaceOrderInput) (*Order, error) {
+func (l *Ledger) placeOrder(ctx context.Context, tx bun.Tx, in PlaceOrderInput) (*Order, *Product, error) {
 	var p Product
 	if err := tx.NewSelect().Model(&p).Where("id = ?", in.ProductID).Scan(ctx); err != nil {
-		return nil, notFound(err, "product %d not found", in.ProductID)
+		return nil, nil, notFound(err, "product %d not found", in.ProductID)
 	}
 	if !p.Active {
-		return nil, Errorf(ENOTFOUND, "product %d is not on sale", in.ProductID)
+		return nil, nil, Errorf(ENOTFOUND, "product %d is not on sale", in.ProductID)
 	}
 	maxQty := l.cfg.MaxQuantity
 	if p.MaxPerOrder > 0 {
 		maxQty = p.MaxPerOrder
 	}
 	if in.Quantity > maxQty {
-		return nil, Errorf(EBADINPUT, "quantity must be at most %d", maxQty)
+		return nil, nil, Errorf(EBADINPUT, "quantity must be at most %d", maxQty)
 	}
 	if err := l.checkPendingCaps(ctx, tx, in); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	now := l.now()
 	o := &Order{
@@ -144,9 +148,9 @@ func (l *Ledger) placeOrder(ctx context.Context, tx bun.Tx, in PlaceOrderInput) 
 	o.AccessTokenHash = HashToken(l.sealer.AccessToken(o.OrderNo))
 	if _, err := tx.NewInsert().Model(o).Exec(ctx); err != nil {
 		if isUniqueViolation(err) && in.IdempotencyKey == "" {
-			return nil, errRetry // an order number drawn twice in one second: draw again
+			return nil, nil, errRetry // an order number drawn twice in one second: draw again
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	// No ORDER BY: any lockable card will do, and without one the scan of
 	// the (product_id, status, id) index stops at the first free rows
@@ -155,22 +159,22 @@ func (l *Ledger) placeOrder(ctx context.Context, tx bun.Tx, in PlaceOrderInput) 
 	if err := forUpdateSkipLocked(tx.NewSelect().Table("card_stock").Column("id").
 		Where("product_id = ?", p.ID).Where("status IN (?)", bun.In(CardLock.From)).
 		Limit(int64(in.Quantity))).Scan(ctx, &ids); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(ids) < in.Quantity {
-		return nil, Errorf(ESOLDOUT, "product %d has fewer than %d cards left", p.ID, in.Quantity)
+		return nil, nil, Errorf(ESOLDOUT, "product %d has fewer than %d cards left", p.ID, in.Quantity)
 	}
 	n, err := apply(ctx, tx, CardLock, now, whereIDs(ids), col("order_no = ?", o.OrderNo), col("locked_at = ?", now))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if n != int64(len(ids)) {
-		return nil, errRetry // the rows were locked by us; only SQLite's missing row locks get here
+		return nil, nil, errRetry // the rows were locked by us; only SQLite's missing row locks get here
 	}
 	if err := writeFlow(ctx, tx, now, StockFlow{ProductID: p.ID, OrderNo: o.OrderNo, ChangeType: FlowLock, Quantity: in.Quantity}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return o, nil
+	return o, &p, nil
 }
 
 // checkPendingCaps refuses a buyer who already holds too many unpaid

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -77,11 +78,19 @@ func (l *Ledger) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, 
 	var alerts []Alert
 	err = inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var err error
-		res, alerts, err = l.recordPayment(ctx, tx, p)
+		res, alerts, err = l.recordPayment(ctx, tx, p, *o)
 		return err
 	})
 	for _, a := range alerts {
 		l.alerts.Alert(ctx, a)
+	}
+	if errors.Is(err, errSeenBefore) {
+		// A redelivery: it changed nothing; answer with the order as it is.
+		o, err := l.Order(ctx, p.OrderNo)
+		if err != nil {
+			return nil, err
+		}
+		return &PaymentResult{Outcome: PaymentDuplicate, Order: o}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -89,7 +98,10 @@ func (l *Ledger) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, 
 	return res, nil
 }
 
-func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment) (*PaymentResult, []Alert, error) {
+// recordPayment applies p to o, the order as read before the transaction:
+// its quantity, product and amount never change, its status is re-checked
+// by every conditional update here.
+func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Order) (*PaymentResult, []Alert, error) {
 	now := l.now()
 	paidAt := p.PaidAt.UTC().Truncate(time.Microsecond)
 	if paidAt.IsZero() {
@@ -99,14 +111,9 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment) (*Paym
 	if dedup == "" {
 		dedup = "trade:" + p.TradeNo
 	}
-	fresh, err := recordNotification(ctx, tx, now, Notification{Provider: p.Provider, DedupKey: dedup, Kind: "PAYMENT",
-		OrderNo: p.OrderNo, TradeNo: p.TradeNo, AmountFen: p.AmountFen, Raw: p.Raw, Result: "RECEIVED"})
-	if err != nil {
+	if err := recordNotification(ctx, tx, now, Notification{Provider: p.Provider, DedupKey: dedup, Kind: "PAYMENT",
+		OrderNo: p.OrderNo, TradeNo: p.TradeNo, AmountFen: p.AmountFen, Raw: p.Raw, Result: "RECEIVED"}); err != nil {
 		return nil, nil, err
-	}
-	if !fresh {
-		o, err := orderIn(ctx, tx, p.OrderNo)
-		return &PaymentResult{Outcome: PaymentDuplicate, Order: o}, nil, err
 	}
 	paidCols := []column{col("trade_no = ?", p.TradeNo), col("paid_fen = ?", p.AmountFen), col("paid_at = ?", paidAt)}
 
@@ -115,16 +122,18 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment) (*Paym
 	if err != nil {
 		return nil, nil, err
 	}
-	o, err := orderIn(ctx, tx, p.OrderNo)
+	if n == 1 {
+		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt, now, now
+		if err := l.sellLocked(ctx, tx, &o, now); err != nil {
+			return nil, nil, err
+		}
+		return &PaymentResult{Outcome: PaymentDelivered, Order: &o}, nil, nil
+	}
+	cur, err := orderIn(ctx, tx, p.OrderNo)
 	if err != nil {
 		return nil, nil, err
 	}
-	if n == 1 {
-		if err := l.sellLocked(ctx, tx, o, now); err != nil {
-			return nil, nil, err
-		}
-		return &PaymentResult{Outcome: PaymentDelivered, Order: o}, nil, nil
-	}
+	o = *cur
 
 	switch {
 	case o.Status == OrderPending:
@@ -132,16 +141,16 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment) (*Paym
 		return nil, nil, errRetry
 	case o.TradeNo == p.TradeNo:
 		// The same payment under another notification id.
-		return &PaymentResult{Outcome: PaymentDuplicate, Order: o}, nil, nil
+		return &PaymentResult{Outcome: PaymentDuplicate, Order: &o}, nil, nil
 	case o.Status == OrderClosed:
 		if l.cfg.LatePayment == LateDeliver {
-			delivered, err := l.deliverLate(ctx, tx, o, now, paidCols)
+			delivered, err := l.deliverLate(ctx, tx, &o, now, paidCols)
 			if err != nil {
 				return nil, nil, err
 			}
 			if delivered {
-				o, err = orderIn(ctx, tx, p.OrderNo)
-				return &PaymentResult{Outcome: PaymentLateDelivered, Order: o}, nil, err
+				cur, err := orderIn(ctx, tx, p.OrderNo)
+				return &PaymentResult{Outcome: PaymentLateDelivered, Order: cur}, nil, err
 			}
 		}
 		n, err := apply(ctx, tx, OrderLateRefund, now, whereOrderNo(p.OrderNo), paidCols...)
@@ -151,19 +160,19 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment) (*Paym
 		if n != 1 {
 			return nil, nil, errRetry
 		}
-		r, err := l.createRefund(ctx, tx, now, o, p.Provider, p.TradeNo, p.AmountFen, CauseLatePayment, "paid after the order was closed")
+		r, err := l.createRefund(ctx, tx, now, &o, p.Provider, p.TradeNo, p.AmountFen, CauseLatePayment, "paid after the order was closed")
 		if err != nil {
 			return nil, nil, err
 		}
-		o, err = orderIn(ctx, tx, p.OrderNo)
-		return &PaymentResult{Outcome: PaymentLateRefund, Order: o, Refund: r}, nil, err
+		cur, err := orderIn(ctx, tx, p.OrderNo)
+		return &PaymentResult{Outcome: PaymentLateRefund, Order: cur, Refund: r}, nil, err
 	default:
 		// Paid (or refunding) with another trade: this money is owed back.
-		r, err := l.createRefund(ctx, tx, now, o, p.Provider, p.TradeNo, p.AmountFen, CauseDuplicatePayment, "a second payment for an order already paid")
+		r, err := l.createRefund(ctx, tx, now, &o, p.Provider, p.TradeNo, p.AmountFen, CauseDuplicatePayment, "a second payment for an order already paid")
 		if err != nil {
 			return nil, nil, err
 		}
-		return &PaymentResult{Outcome: PaymentDuplicateRefunds, Order: o, Refund: r},
+		return &PaymentResult{Outcome: PaymentDuplicateRefunds, Order: &o, Refund: r},
 			[]Alert{{Kind: "duplicate_payment", Subject: o.OrderNo, Message: fmt.Sprintf("trade %s paid an order already paid by %s; refunding", p.TradeNo, o.TradeNo)}}, nil
 	}
 }
@@ -254,26 +263,26 @@ func (l *Ledger) createRefund(ctx context.Context, tx bun.Tx, now time.Time, o *
 	return r, nil
 }
 
-// recordNotification stores a notification once; false means it was
-// stored before (a redelivery).
-func recordNotification(ctx context.Context, tx bun.Tx, now time.Time, n Notification) (bool, error) {
+// errSeenBefore aborts the transaction of a notification recorded before:
+// a redelivery changes nothing.
+var errSeenBefore = errors.New("notification seen before")
+
+// recordNotification stores a notification once. A redelivery hits the
+// unique (provider, dedup_key) index and gets errSeenBefore, which rolls the
+// transaction back: nothing it would have done happens twice. A concurrent
+// delivery of the same notification waits on the index entry of the first
+// and then fails the same way.
+func recordNotification(ctx context.Context, tx bun.Tx, now time.Time, n Notification) error {
 	n.ReceivedAt = now
 	n.Raw = truncate(n.Raw, maxRawNotification)
 	n.DedupKey = truncate(n.DedupKey, 128)
-	exists, err := tx.NewSelect().Model((*Notification)(nil)).
-		Where("provider = ?", n.Provider).Where("dedup_key = ?", n.DedupKey).Exists(ctx)
-	if err != nil || exists {
-		return false, err
-	}
 	if _, err := tx.NewInsert().Model(&n).Exec(ctx); err != nil {
 		if isUniqueViolation(err) {
-			// A concurrent delivery of the same notification committed
-			// first; run again to see it as the duplicate it is.
-			return false, errRetry
+			return errSeenBefore
 		}
-		return false, err
+		return err
 	}
-	return true, nil
+	return nil
 }
 
 func orderIn(ctx context.Context, db bun.IDB, orderNo string) (*Order, error) {
@@ -487,16 +496,15 @@ func (l *Ledger) RecordRefundEvent(ctx context.Context, ev RefundEvent) (*Refund
 	if dedup == "" {
 		dedup = fmt.Sprintf("refund:%s:%t", ev.RefundNo, ev.Succeeded)
 	}
-	var changed, fresh bool
+	var changed bool
 	var alerts []Alert
 	err = inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		changed, alerts = false, nil
-		var err error
-		fresh, err = recordNotification(ctx, tx, l.now(), Notification{Provider: ev.Provider, DedupKey: dedup, Kind: "REFUND",
-			OrderNo: r.OrderNo, TradeNo: r.TradeNo, RefundNo: r.RefundNo, AmountFen: r.AmountFen, Raw: ev.Raw, Result: "RECEIVED"})
-		if err != nil || !fresh {
+		if err := recordNotification(ctx, tx, l.now(), Notification{Provider: ev.Provider, DedupKey: dedup, Kind: "REFUND",
+			OrderNo: r.OrderNo, TradeNo: r.TradeNo, RefundNo: r.RefundNo, AmountFen: r.AmountFen, Raw: ev.Raw, Result: "RECEIVED"}); err != nil {
 			return err
 		}
+		var err error
 		if ev.Succeeded {
 			r, changed, alerts, err = l.refundSucceeded(ctx, tx, ev.RefundNo, ev.ProviderRefundID)
 		}
@@ -505,10 +513,14 @@ func (l *Ledger) RecordRefundEvent(ctx context.Context, ev RefundEvent) (*Refund
 	for _, a := range alerts {
 		l.alerts.Alert(ctx, a)
 	}
+	if errors.Is(err, errSeenBefore) {
+		cur, err := l.Refund(ctx, ev.RefundNo)
+		return cur, false, err
+	}
 	if err != nil {
 		return nil, false, err
 	}
-	if fresh && !ev.Succeeded {
+	if !ev.Succeeded {
 		// A failure report is one more failed attempt; the retry path
 		// queries the gateway before trying again.
 		cur, err := l.Refund(ctx, ev.RefundNo)

@@ -145,7 +145,9 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *PlacedOrder, method, clientIP string) (*Checkout, error) {
 	o := placed.Order
 	subject := fmt.Sprintf("Order %s", o.OrderNo)
-	if prod, err := s.Ledger.Product(ctx, o.ProductID); err == nil {
+	if placed.Product != nil {
+		subject = placed.Product.Name
+	} else if prod, err := s.Ledger.Product(ctx, o.ProductID); err == nil { // a replayed order
 		subject = prod.Name
 	}
 	action, err := p.CreatePayment(ctx, providers.PaymentRequest{OrderNo: o.OrderNo, AmountFen: o.AmountFen,
