@@ -171,7 +171,7 @@ type ProcessReport struct {
 
 // StatsReport is kami's own stats query at the end.
 type StatsReport struct {
-	CloseSuccessRate *float64 `json:"close_success_rate"`
+	CloseSuccessRate *float64 `json:"closeSuccessRate"` // as the stats query names it
 	Queues           []struct {
 		Name                 string  `json:"name"`
 		Backlog              int     `json:"backlog"`
