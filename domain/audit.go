@@ -197,13 +197,8 @@ func auditStockFlow(ctx context.Context, db bun.IDB) ([]Violation, error) {
 		Group("product_id", "change_type").Scan(ctx, &flows); err != nil {
 		return nil, err
 	}
-	var cards []struct {
-		ProductID int64      `bun:"product_id"`
-		Status    CardStatus `bun:"status"`
-		N         int64      `bun:"n"`
-	}
-	if err := db.NewSelect().Table("card_stock").Column("product_id", "status").ColumnExpr("COUNT(*) AS n").
-		Group("product_id", "status").Scan(ctx, &cards); err != nil {
+	cards, err := stockCounts(ctx, db)
+	if err != nil {
 		return nil, err
 	}
 	type tally struct{ imported, locked, sold, returned, lockable, lockedNow, soldNow int64 }
@@ -227,16 +222,9 @@ func auditStockFlow(ctx context.Context, db bun.IDB) ([]Violation, error) {
 			t.returned += f.Total
 		}
 	}
-	for _, c := range cards {
-		t := get(c.ProductID)
-		switch c.Status {
-		case CardUnsold, CardRecycled:
-			t.lockable += c.N
-		case CardLocked:
-			t.lockedNow += c.N
-		case CardSold:
-			t.soldNow += c.N
-		}
+	for id, c := range cards {
+		t := get(id)
+		t.lockable, t.lockedNow, t.soldNow = int64(c.Lockable), int64(c.Locked), int64(c.Sold)
 	}
 	var vs []Violation
 	for id, t := range by {

@@ -247,12 +247,16 @@ type StockCount struct {
 // StockCounts returns the card counts of the given products (all products
 // when ids is empty), from the index on (product_id, status).
 func (l *Ledger) StockCounts(ctx context.Context, ids ...int64) (map[int64]StockCount, error) {
+	return stockCounts(ctx, l.db, ids...)
+}
+
+func stockCounts(ctx context.Context, db bun.IDB, ids ...int64) (map[int64]StockCount, error) {
 	var rows []struct {
 		ProductID int64      `bun:"product_id"`
 		Status    CardStatus `bun:"status"`
 		N         int        `bun:"n"`
 	}
-	q := l.db.NewSelect().Table("card_stock").Column("product_id", "status").ColumnExpr("COUNT(*) AS n").Group("product_id", "status")
+	q := db.NewSelect().Table("card_stock").Column("product_id", "status").ColumnExpr("COUNT(*) AS n").Group("product_id", "status")
 	if len(ids) > 0 {
 		q = q.Where("product_id IN (?)", bun.In(ids))
 	}

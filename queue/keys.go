@@ -62,7 +62,7 @@ func (k Keys) Stock(productID int64) string {
 func (k Keys) StockRebuildLock(productID int64) string { return k.Stock(productID) + ":rebuild" }
 
 // SweepLock keeps the sweeper to one process per interval.
-func (k Keys) SweepLock() string { return k.prefix + "lock:sweep" }
+func (k Keys) SweepLock() string { return k.Lock("sweep") }
 
 // OrderChannel is the pub/sub channel of one order's status changes.
 func (k Keys) OrderChannel(orderNo string) string { return k.prefix + "order:{" + orderNo + "}" }
