@@ -10,32 +10,34 @@ import (
 	"testing"
 
 	"kami/providers"
+	"kami/providers/fault"
 )
 
-// Fault is a failure the emulator injects into its next answers.
-type Fault string
+// Fault is a failure the emulator injects into its next answers; the names
+// and values are those of package fault.
+type Fault = fault.Fault
 
 const (
-	FaultNone     Fault = ""
-	FaultTimeout  Fault = "timeout"  // hold the request past the client's timeout
-	Fault5xx      Fault = "5xx"      // answer HTTP 500/503
-	FaultBusiness Fault = "business" // answer a signed business error
-	FaultSlow     Fault = "slow"     // answer correctly, but late (within the timeout)
+	FaultNone     = fault.None
+	FaultTimeout  = fault.Timeout   // hold the request past the client's timeout
+	Fault5xx      = fault.Server5xx // answer HTTP 500/503
+	FaultBusiness = fault.Business  // answer a signed business error
+	FaultSlow     = fault.Slow      // answer correctly, but late (within the timeout)
 	// FaultTimeoutAfterEffect does the work (a refund is made) and then
 	// holds the answer past the client's timeout, as a real gateway that
 	// refunded but whose answer was lost.
-	FaultTimeoutAfterEffect Fault = "timeout-after-effect"
+	FaultTimeoutAfterEffect = fault.TimeoutAfterEffect
 )
 
 // Op names an emulator endpoint for fault injection.
-type Op string
+type Op = fault.Op
 
 const (
-	OpCreate       Op = "create"
-	OpRefund       Op = "refund"
-	OpQueryRefund  Op = "query_refund"
-	OpQueryPayment Op = "query_payment"
-	OpClose        Op = "close"
+	OpCreate       = fault.OpCreate
+	OpRefund       = fault.OpRefund
+	OpQueryRefund  = fault.OpQueryRefund
+	OpQueryPayment = fault.OpQueryPayment
+	OpClose        = fault.OpClose
 )
 
 // Harness is one provider wired to its emulator.

@@ -6,40 +6,34 @@ import (
 	"time"
 
 	"kami/providers"
+	"kami/providers/fault"
 )
 
-// Op names a sandbox call for fault injection. The values are those of
-// providertest.Op, which this package does not import (it would bring the
-// testing package into the server).
-type Op string
+// Op names a sandbox call for fault injection: fault.Op.
+type Op = fault.Op
 
 const (
-	OpCreate       Op = "create"
-	OpRefund       Op = "refund"
-	OpQueryRefund  Op = "query_refund"
-	OpQueryPayment Op = "query_payment"
-	OpClose        Op = "close"
+	OpCreate       = fault.OpCreate
+	OpRefund       = fault.OpRefund
+	OpQueryRefund  = fault.OpQueryRefund
+	OpQueryPayment = fault.OpQueryPayment
+	OpClose        = fault.OpClose
 )
 
-// Fault is a failure a real gateway can show, played by the sandbox; the
-// values are those of providertest.Fault.
-type Fault string
+// Fault is a failure a real gateway can show, played by the sandbox:
+// fault.Fault.
+type Fault = fault.Fault
 
 const (
-	FaultNone     Fault = ""
-	FaultTimeout  Fault = "timeout"  // hang for Config.Timeout, do nothing, Temporary
-	Fault5xx      Fault = "5xx"      // do nothing, Temporary (HTTP 503)
-	FaultBusiness Fault = "business" // do nothing, Rejected
-	FaultSlow     Fault = "slow"     // wait a quarter of Config.Timeout, then work
+	FaultNone     = fault.None
+	FaultTimeout  = fault.Timeout   // hang for Config.Timeout, do nothing, Temporary
+	Fault5xx      = fault.Server5xx // do nothing, Temporary (HTTP 503)
+	FaultBusiness = fault.Business  // do nothing, Rejected
+	FaultSlow     = fault.Slow      // wait a quarter of Config.Timeout, then work
 	// FaultTimeoutAfterEffect does the work, then hangs for Config.Timeout
 	// and fails Temporary: the answer was lost, the effect was not.
-	FaultTimeoutAfterEffect Fault = "timeout-after-effect"
+	FaultTimeoutAfterEffect = fault.TimeoutAfterEffect
 )
-
-type fault struct {
-	f Fault
-	n int // calls left; 0 means until cleared
-}
 
 // InjectFault makes the next n calls of op fail with f (n <= 0: until
 // cleared with FaultNone). Whole-system tests use it to try the retry paths;
@@ -55,31 +49,7 @@ func (p *Provider) InjectFault(op Op, f Fault, n int) {
 	default:
 		panic(fmt.Sprintf("sandbox: unknown fault %q", f))
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if f == FaultNone {
-		delete(p.faults, op)
-		return
-	}
-	p.faults[op] = fault{f: f, n: max(n, 0)}
-}
-
-// take returns the fault for this call of op and counts it.
-func (p *Provider) take(op Op) Fault {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ft, ok := p.faults[op]
-	if !ok {
-		return FaultNone
-	}
-	if ft.n > 0 {
-		if ft.n--; ft.n == 0 {
-			delete(p.faults, op)
-		} else {
-			p.faults[op] = ft
-		}
-	}
-	return ft.f
+	p.faults.Inject(op, f, n)
 }
 
 // before plays the part of a fault that comes before the work: it returns
@@ -88,7 +58,7 @@ func (p *Provider) before(ctx context.Context, op Op, name string) (Fault, error
 	if err := ctx.Err(); err != nil {
 		return FaultNone, p.fail(providers.Temporary, name, "", "not sent", err)
 	}
-	f := p.take(op)
+	f := p.faults.Take(op)
 	switch f {
 	case FaultTimeout:
 		return f, p.hang(ctx, name, p.timeout)

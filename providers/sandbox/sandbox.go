@@ -37,6 +37,7 @@ import (
 
 	"kami/domain/money"
 	"kami/providers"
+	"kami/providers/fault"
 )
 
 // Name is the sandbox's registry name and webhook path segment.
@@ -76,12 +77,12 @@ type Provider struct {
 	merchant    string
 	timeout     time.Duration
 	now         func() time.Time
+	faults      fault.Table // injected faults, by op
 
 	mu      sync.Mutex
 	trades  map[string]*trade  // by order number
 	refunds map[string]*refund // by refund number
 	calls   map[string]int     // refund calls received, by refund number
-	faults  map[Op]fault
 }
 
 type trade struct {
@@ -120,7 +121,6 @@ func New(cfg Config) (*Provider, error) {
 		trades:      map[string]*trade{},
 		refunds:     map[string]*refund{},
 		calls:       map[string]int{},
-		faults:      map[Op]fault{},
 	}
 	if p.merchant == "" {
 		p.merchant = DefaultMerchant

@@ -58,9 +58,7 @@ func harness(p *sandbox.Provider) providertest.Harness {
 			n.Merchant = "another-shop"
 			return sandbox.Signed(secret, n)
 		},
-		InjectFault: func(op providertest.Op, f providertest.Fault, n int) {
-			p.InjectFault(sandbox.Op(op), sandbox.Fault(f), n)
-		},
+		InjectFault:          p.InjectFault,
 		Refunded:             p.Refunded,
 		SupportsClose:        true,
 		SupportsQueryPayment: true,
@@ -70,36 +68,6 @@ func harness(p *sandbox.Provider) providertest.Harness {
 func TestContract(t *testing.T) {
 	t.Parallel()
 	providertest.Run(t, harness(newSandbox(t, nil)))
-}
-
-// The harness converts providertest's names to the sandbox's by value.
-func TestFaultNamesMatchProvidertest(t *testing.T) {
-	t.Parallel()
-	ops := map[providertest.Op]sandbox.Op{
-		providertest.OpCreate:       sandbox.OpCreate,
-		providertest.OpRefund:       sandbox.OpRefund,
-		providertest.OpQueryRefund:  sandbox.OpQueryRefund,
-		providertest.OpQueryPayment: sandbox.OpQueryPayment,
-		providertest.OpClose:        sandbox.OpClose,
-	}
-	for a, b := range ops {
-		if string(a) != string(b) {
-			t.Errorf("providertest op %q is sandbox op %q", a, b)
-		}
-	}
-	faults := map[providertest.Fault]sandbox.Fault{
-		providertest.FaultNone:               sandbox.FaultNone,
-		providertest.FaultTimeout:            sandbox.FaultTimeout,
-		providertest.Fault5xx:                sandbox.Fault5xx,
-		providertest.FaultBusiness:           sandbox.FaultBusiness,
-		providertest.FaultSlow:               sandbox.FaultSlow,
-		providertest.FaultTimeoutAfterEffect: sandbox.FaultTimeoutAfterEffect,
-	}
-	for a, b := range faults {
-		if string(a) != string(b) {
-			t.Errorf("providertest fault %q is sandbox fault %q", a, b)
-		}
-	}
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {

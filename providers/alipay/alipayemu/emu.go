@@ -7,7 +7,7 @@
 // (code 40004, sub_code ACQ.*).
 //
 // It keeps trades by out_trade_no and refunds by out_request_no, injects
-// faults per operation (see providertest.Fault and the extra faults below),
+// faults per operation (see fault.Fault and the extra faults below),
 // and builds the asynchronous notifications the gateway would post: genuine,
 // forged (signed by another key) and naming another app.
 //
@@ -25,21 +25,21 @@ import (
 	"sync"
 	"time"
 
-	"kami/providers/providertest"
+	"kami/providers/fault"
 )
 
-// Faults beyond providertest's, for the adapter's own tests.
+// Faults beyond package fault's, for the adapter's own tests.
 const (
 	// FaultSystemError answers a signed ACQ.SYSTEM_ERROR (code 40004):
 	// Alipay's "try again", the outcome unknown.
-	FaultSystemError providertest.Fault = "system-error"
+	FaultSystemError fault.Fault = "system-error"
 	// FaultUnknownError answers code 20000, sub_code isp.unknow-error.
-	FaultUnknownError providertest.Fault = "unknown-error"
+	FaultUnknownError fault.Fault = "unknown-error"
 	// FaultBadSignature does the work and answers success signed with a
 	// key that is not the gateway's.
-	FaultBadSignature providertest.Fault = "bad-signature"
+	FaultBadSignature fault.Fault = "bad-signature"
 	// FaultGarbage answers HTTP 200 with a body that is not Alipay JSON.
-	FaultGarbage providertest.Fault = "garbage"
+	FaultGarbage fault.Fault = "garbage"
 )
 
 // DefaultAppID is the app id an emulator serves when Options.AppID is empty.
@@ -81,6 +81,8 @@ type Server struct {
 	forgeOnce sync.Once
 	forgeKey  *rsa.PrivateKey
 
+	faults fault.Table // injected faults, by op
+
 	mu      sync.Mutex
 	seq     int64
 	trades  map[string]*trade  // by out_trade_no
@@ -88,12 +90,6 @@ type Server struct {
 	refunds map[string]*refund // by out_request_no
 	calls   map[string]int     // refund calls by out_request_no
 	methods map[string]int     // verified requests by method
-	faults  map[providertest.Op]fault
-}
-
-type fault struct {
-	f providertest.Fault
-	n int // calls left; <= 0 until cleared
 }
 
 type trade struct {
@@ -139,7 +135,6 @@ func New(opts Options) (*Server, error) {
 		refunds:  map[string]*refund{},
 		calls:    map[string]int{},
 		methods:  map[string]int{},
-		faults:   map[providertest.Op]fault{},
 	}
 	if s.appID == "" {
 		s.appID = DefaultAppID
@@ -191,34 +186,9 @@ func (s *Server) PublicKeyPEM() string {
 func (s *Server) AppPrivateKeyPEM() string { return s.appPrivPEM }
 
 // InjectFault makes the next n calls of op fail with f; n <= 0 until it is
-// cleared with providertest.FaultNone.
-func (s *Server) InjectFault(op providertest.Op, f providertest.Fault, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if f == providertest.FaultNone {
-		delete(s.faults, op)
-		return
-	}
-	s.faults[op] = fault{f: f, n: n}
-}
-
-// takeFault returns the fault for this call of op, using one up.
-func (s *Server) takeFault(op providertest.Op) providertest.Fault {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ft, ok := s.faults[op]
-	if !ok {
-		return providertest.FaultNone
-	}
-	if ft.n > 0 {
-		ft.n--
-		if ft.n == 0 {
-			delete(s.faults, op)
-		} else {
-			s.faults[op] = ft
-		}
-	}
-	return ft.f
+// cleared with fault.None.
+func (s *Server) InjectFault(op fault.Op, f fault.Fault, n int) {
+	s.faults.Inject(op, f, n)
 }
 
 // Refunded is what the emulator refunded under refundNo and how many

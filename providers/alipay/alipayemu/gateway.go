@@ -12,18 +12,18 @@ import (
 	"strings"
 	"time"
 
-	"kami/providers/providertest"
+	"kami/providers/fault"
 )
 
 // opOf maps the methods the emulator serves to fault-injection ops.
-var opOf = map[string]providertest.Op{
-	"alipay.trade.page.pay":             providertest.OpCreate,
-	"alipay.trade.wap.pay":              providertest.OpCreate,
-	"alipay.trade.precreate":            providertest.OpCreate,
-	"alipay.trade.query":                providertest.OpQueryPayment,
-	"alipay.trade.close":                providertest.OpClose,
-	"alipay.trade.refund":               providertest.OpRefund,
-	"alipay.trade.fastpay.refund.query": providertest.OpQueryRefund,
+var opOf = map[string]fault.Op{
+	"alipay.trade.page.pay":             fault.OpCreate,
+	"alipay.trade.wap.pay":              fault.OpCreate,
+	"alipay.trade.precreate":            fault.OpCreate,
+	"alipay.trade.query":                fault.OpQueryPayment,
+	"alipay.trade.close":                fault.OpClose,
+	"alipay.trade.refund":               fault.OpRefund,
+	"alipay.trade.fastpay.refund.query": fault.OpQueryRefund,
 }
 
 // pageMethods are opened by the buyer's browser; they answer HTML.
@@ -31,12 +31,12 @@ var pageMethods = map[string]bool{"alipay.trade.page.pay": true, "alipay.trade.w
 
 // businessFault is the sub code FaultBusiness answers per op: one a real
 // gateway gives for a request it will never accept.
-var businessFault = map[providertest.Op][2]string{
-	providertest.OpCreate:       {"ACQ.ACCESS_FORBIDDEN", "无权限使用接口"},
-	providertest.OpQueryPayment: {"ACQ.INVALID_PARAMETER", "参数无效"},
-	providertest.OpClose:        {"ACQ.INVALID_PARAMETER", "参数无效"},
-	providertest.OpRefund:       {"ACQ.SELLER_BALANCE_NOT_ENOUGH", "卖家余额不足"},
-	providertest.OpQueryRefund:  {"ACQ.INVALID_PARAMETER", "参数无效"},
+var businessFault = map[fault.Op][2]string{
+	fault.OpCreate:       {"ACQ.ACCESS_FORBIDDEN", "无权限使用接口"},
+	fault.OpQueryPayment: {"ACQ.INVALID_PARAMETER", "参数无效"},
+	fault.OpClose:        {"ACQ.INVALID_PARAMETER", "参数无效"},
+	fault.OpRefund:       {"ACQ.SELLER_BALANCE_NOT_ENOUGH", "卖家余额不足"},
+	fault.OpQueryRefund:  {"ACQ.INVALID_PARAMETER", "参数无效"},
 }
 
 const maxRequestBytes = 1 << 20
@@ -99,15 +99,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 
 	op := opOf[method]
-	switch f := s.takeFault(op); f {
-	case providertest.FaultTimeout:
+	switch f := s.faults.Take(op); f {
+	case fault.Timeout:
 		s.holdFor(r.Context())
 		http.Error(w, "gateway timeout", http.StatusGatewayTimeout)
 		return
-	case providertest.Fault5xx:
+	case fault.Server5xx:
 		http.Error(w, "Service Unavailable", http.StatusServiceUnavailable)
 		return
-	case providertest.FaultBusiness:
+	case fault.Business:
 		bf := businessFault[op]
 		s.write(w, bizFailure(key, bf[0], bf[1]), nil)
 		return
@@ -121,9 +121,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html")
 		io.WriteString(w, "<html><body>upstream proxy garbage</body></html>")
 		return
-	case providertest.FaultSlow:
+	case fault.Slow:
 		s.holdForAtMost(r.Context(), s.slow)
-	case providertest.FaultTimeoutAfterEffect:
+	case fault.TimeoutAfterEffect:
 		s.dispatch(method, key, biz)
 		s.holdFor(r.Context())
 		http.Error(w, "gateway timeout", http.StatusGatewayTimeout)

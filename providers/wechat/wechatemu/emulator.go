@@ -34,7 +34,7 @@ import (
 	"sync"
 	"time"
 
-	"kami/providers/providertest"
+	"kami/providers/fault"
 )
 
 // Defaults for Options.
@@ -81,6 +81,7 @@ type Server struct {
 	opts        Options
 	platformPEM string
 	mux         *http.ServeMux
+	faults      fault.Table // injected faults, by op
 
 	mu        sync.Mutex
 	trades    map[string]*trade  // by out_trade_no
@@ -88,18 +89,12 @@ type Server struct {
 	refunds   map[string]*refund // by out_refund_no
 	calls     map[string]int     // refund calls by out_refund_no
 	nonces    map[string]time.Time
-	faults    map[providertest.Op]*fault
 	seq       int
 	fiveXX    int
 	answerKey *rsa.PrivateKey // when set, answers are signed with it instead
 	answerID  string          // and name this serial
 	unknown   []string        // requests to paths the gateway does not serve
 	otherKey  *rsa.PrivateKey // the forger's key, made when first needed
-}
-
-type fault struct {
-	f providertest.Fault
-	n int // calls left; <= 0: until cleared
 }
 
 // New starts an emulated gateway.
@@ -153,7 +148,6 @@ func New(opts Options) (*Server, error) {
 		refunds:     map[string]*refund{},
 		calls:       map[string]int{},
 		nonces:      map[string]time.Time{},
-		faults:      map[providertest.Op]*fault{},
 	}
 	s.routes()
 	return s, nil
@@ -175,15 +169,9 @@ func (s *Server) AppID() string    { return s.opts.AppID }
 func (s *Server) APIv3Key() string { return s.opts.APIv3Key }
 
 // InjectFault makes the next n calls of op fail with f (n <= 0: until
-// cleared with providertest.FaultNone).
-func (s *Server) InjectFault(op providertest.Op, f providertest.Fault, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if f == providertest.FaultNone {
-		delete(s.faults, op)
-		return
-	}
-	s.faults[op] = &fault{f: f, n: n}
+// cleared with fault.None).
+func (s *Server) InjectFault(op fault.Op, f fault.Fault, n int) {
+	s.faults.Inject(op, f, n)
 }
 
 // SignAnswersWith makes the gateway sign its answers with k instead of the
@@ -201,22 +189,6 @@ func (s *Server) UnknownRequests() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.unknown...)
-}
-
-func (s *Server) takeFault(op providertest.Op) providertest.Fault {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	f, ok := s.faults[op]
-	if !ok {
-		return providertest.FaultNone
-	}
-	if f.n > 0 {
-		f.n--
-		if f.n == 0 {
-			delete(s.faults, op)
-		}
-	}
-	return f.f
 }
 
 // ---- requests ----
@@ -244,7 +216,7 @@ type handler func(r *http.Request, body []byte) (reply, *apiError)
 
 // handle wraps h with what every endpoint does: read, authenticate, inject
 // the op's fault, answer signed.
-func (s *Server) handle(op providertest.Op, h handler) http.HandlerFunc {
+func (s *Server) handle(op fault.Op, h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		if err != nil {
@@ -255,27 +227,27 @@ func (s *Server) handle(op providertest.Op, h handler) http.HandlerFunc {
 			s.writeError(w, aerr)
 			return
 		}
-		if op == providertest.OpRefund {
+		if op == fault.OpRefund {
 			s.countRefundCall(body)
 		}
 
-		switch s.takeFault(op) {
-		case providertest.FaultTimeout:
+		switch s.faults.Take(op) {
+		case fault.Timeout:
 			s.hold(r)
 			return
-		case providertest.Fault5xx:
+		case fault.Server5xx:
 			s.write5xx(w)
 			return
-		case providertest.FaultBusiness:
+		case fault.Business:
 			s.writeError(w, businessError(op))
 			return
-		case providertest.FaultSlow:
+		case fault.Slow:
 			select {
 			case <-time.After(s.opts.SlowDelay):
 			case <-r.Context().Done():
 				return
 			}
-		case providertest.FaultTimeoutAfterEffect:
+		case fault.TimeoutAfterEffect:
 			_, _ = h(r, body)
 			s.hold(r)
 			return
@@ -292,8 +264,8 @@ func (s *Server) handle(op providertest.Op, h handler) http.HandlerFunc {
 
 // businessError is what FaultBusiness answers: a real business refusal for
 // op, never one the adapter may read as "not found" or "try again".
-func businessError(op providertest.Op) *apiError {
-	if op == providertest.OpRefund {
+func businessError(op fault.Op) *apiError {
+	if op == fault.OpRefund {
 		return errorf(http.StatusForbidden, "NOT_ENOUGH", "基本账户余额不足，请充值后重新发起")
 	}
 	return errorf(http.StatusBadRequest, "INVALID_REQUEST", "emulated business error")

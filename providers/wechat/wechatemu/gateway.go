@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"kami/providers/providertest"
+	"kami/providers/fault"
 )
 
 // cst is the zone the gateway writes its times in.
@@ -52,13 +52,13 @@ type refund struct {
 
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	m.HandleFunc("POST /v3/pay/transactions/native", s.handle(providertest.OpCreate, s.create("NATIVE")))
-	m.HandleFunc("POST /v3/pay/transactions/h5", s.handle(providertest.OpCreate, s.create("MWEB")))
-	m.HandleFunc("GET /v3/pay/transactions/out-trade-no/{no}", s.handle(providertest.OpQueryPayment, s.queryByOutTradeNo))
-	m.HandleFunc("GET /v3/pay/transactions/id/{id}", s.handle(providertest.OpQueryPayment, s.queryByTransactionID))
-	m.HandleFunc("POST /v3/pay/transactions/out-trade-no/{no}/close", s.handle(providertest.OpClose, s.close))
-	m.HandleFunc("POST /v3/refund/domestic/refunds", s.handle(providertest.OpRefund, s.refund))
-	m.HandleFunc("GET /v3/refund/domestic/refunds/{no}", s.handle(providertest.OpQueryRefund, s.queryRefund))
+	m.HandleFunc("POST /v3/pay/transactions/native", s.handle(fault.OpCreate, s.create("NATIVE")))
+	m.HandleFunc("POST /v3/pay/transactions/h5", s.handle(fault.OpCreate, s.create("MWEB")))
+	m.HandleFunc("GET /v3/pay/transactions/out-trade-no/{no}", s.handle(fault.OpQueryPayment, s.queryByOutTradeNo))
+	m.HandleFunc("GET /v3/pay/transactions/id/{id}", s.handle(fault.OpQueryPayment, s.queryByTransactionID))
+	m.HandleFunc("POST /v3/pay/transactions/out-trade-no/{no}/close", s.handle(fault.OpClose, s.close))
+	m.HandleFunc("POST /v3/refund/domestic/refunds", s.handle(fault.OpRefund, s.refund))
+	m.HandleFunc("GET /v3/refund/domestic/refunds/{no}", s.handle(fault.OpQueryRefund, s.queryRefund))
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.unknown = append(s.unknown, r.Method+" "+r.URL.Path)
