@@ -292,3 +292,36 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestLostNotificationDeliversInsteadOfClosing: the buyer paid but the
+// gateway's notification never arrived. When the order falls due, kami asks
+// the gateway first and delivers instead of closing; an unpaid order is
+// closed at the gateway too, so it can no longer be paid.
+func TestLostNotificationDeliversInsteadOfClosing(t *testing.T) {
+	t.Parallel()
+	eachStack(t, func(t *testing.T, s stack) {
+		a := newAlipayApp(t, s, env{"KAMI_ORDER_TTL": "1s"}).running(t)
+		p := a.product(t, 600, "Q-1", "Q-2")
+		paid := a.order(t, p)
+		unpaid := a.order(t, p)
+		if _, _, err := a.emu.Pay(paid.OrderNo, paid.AmountFen); err != nil { // notification lost: never posted
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "both orders settle", func() bool {
+			return a.status(t, paid.OrderNo) != domain.OrderPending && a.status(t, unpaid.OrderNo) != domain.OrderPending
+		})
+		if st := a.status(t, paid.OrderNo); st != domain.OrderPaid {
+			t.Fatalf("the paid order ended %s, want PAID", st)
+		}
+		if got := a.cardsOf(t, paid.OrderNo); got[domain.CardSold] != 1 {
+			t.Fatalf("paid order's cards %v", got)
+		}
+		if st := a.status(t, unpaid.OrderNo); st != domain.OrderClosed {
+			t.Fatalf("the unpaid order ended %s, want CLOSED", st)
+		}
+		if tr, ok := a.emu.Trade(unpaid.OrderNo); !ok || tr.Status != "TRADE_CLOSED" {
+			t.Fatalf("the unpaid trade at the gateway: %+v %v, want TRADE_CLOSED", tr, ok)
+		}
+		a.audit(t)
+	})
+}
