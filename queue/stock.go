@@ -66,6 +66,14 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 		return false, fmt.Errorf("stock take of %d", qty)
 	}
 	key := g.keys.Stock(productID)
+	if g.isDirty(productID) {
+		// A take or give-back of this process failed while Redis was away:
+		// the counter may be off. Drop it at the first take since, so it is
+		// rebuilt from the database now rather than at the next sweep.
+		if err := g.dropDirty(ctx, productID); err != nil {
+			return false, err
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		r, err := takeScript.Run(ctx, g.rdb, []string{key}, qty).Int()
 		if err != nil {
@@ -107,6 +115,24 @@ func (g *StockGate) markDirty(productID int64) {
 	g.dirty[productID] = true
 }
 
+func (g *StockGate) isDirty(productID int64) bool {
+	g.dirtyMu.Lock()
+	defer g.dirtyMu.Unlock()
+	return g.dirty[productID]
+}
+
+// dropDirty deletes a counter this process may have left wrong; the next
+// take rebuilds it from the database.
+func (g *StockGate) dropDirty(ctx context.Context, productID int64) error {
+	if err := g.rdb.Del(ctx, g.keys.Stock(productID)).Err(); err != nil {
+		return err
+	}
+	g.dirtyMu.Lock()
+	delete(g.dirty, productID)
+	g.dirtyMu.Unlock()
+	return nil
+}
+
 // ResetDirty drops the counters this process may have left wrong (a take or
 // give-back that failed while Redis was away), so they are rebuilt from the
 // database once, like lost ones. It reports how many it dropped.
@@ -118,12 +144,9 @@ func (g *StockGate) ResetDirty(ctx context.Context) (int, error) {
 	}
 	g.dirtyMu.Unlock()
 	for i, id := range ids {
-		if err := g.rdb.Del(ctx, g.keys.Stock(id)).Err(); err != nil {
+		if err := g.dropDirty(ctx, id); err != nil {
 			return i, err
 		}
-		g.dirtyMu.Lock()
-		delete(g.dirty, id)
-		g.dirtyMu.Unlock()
 	}
 	return len(ids), nil
 }

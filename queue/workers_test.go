@@ -19,12 +19,19 @@ const ttl = 15 * time.Minute
 // cards in the database.
 func (e *env) counterRight(t *testing.T, productID int64) {
 	t.Helper()
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Log("last seen:", last)
+		}
+	}()
 	eventually(t, 10*time.Second, "stock counter matches the database", func() bool {
 		cs, err := e.ledger.StockCounts(e.ctx, productID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		n, ok, err := e.gate.Counter(e.ctx, productID)
+		last = fmt.Sprintf("counter %d (present %v, err %v), database %+v", n, ok, err, cs[productID])
 		return err == nil && ok && n == cs[productID].Lockable
 	})
 }
