@@ -54,7 +54,7 @@ func Connect(ctx context.Context, rawURL string) (redis.UniversalClient, func() 
 		}
 		addr = strings.Join(addrs, ",")
 		u := &redis.UniversalOptions{Addrs: addrs, DialTimeout: 2 * time.Second,
-			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, MaxRetries: 1}
+			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, MaxRetries: noRetries}
 		if len(addrs) > 1 {
 			u.IsClusterMode = true
 		}
@@ -71,7 +71,8 @@ func Connect(ctx context.Context, rawURL string) (redis.UniversalClient, func() 
 }
 
 // withTimeouts keeps a Redis outage from stalling callers for long: the
-// stock gate must refuse quickly, the workers back off and retry.
+// stock gate must refuse quickly, the workers back off and retry. It also
+// turns off go-redis's retries (see noRetries).
 func withTimeouts(o *redis.Options) *redis.Options {
 	if o.DialTimeout == 0 {
 		o.DialTimeout = 2 * time.Second
@@ -83,10 +84,17 @@ func withTimeouts(o *redis.Options) *redis.Options {
 		o.WriteTimeout = 2 * time.Second
 	}
 	if o.MaxRetries == 0 {
-		o.MaxRetries = 1
+		o.MaxRetries = noRetries
 	}
 	return o
 }
+
+// noRetries turns go-redis's own retries off. The stock scripts are not
+// idempotent: a take or give-back whose answer was lost, sent again, would
+// count twice, or land after the counter was rebuilt. Every caller handles
+// a failed call instead (the gate marks the counter for a rebuild, workers
+// back off and try again, claims come back after their lease).
+const noRetries = -1
 
 // redactURL describes a URL parse failure without the URL's password.
 func redactURL(raw string, err error) string {

@@ -124,7 +124,9 @@ func (s *Server) NewClient(t testing.TB) redis.UniversalClient {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.MaxRetries = time.Second, time.Second, time.Second, 1
+	// No go-redis retries, as queue.Connect sets them: a retried stock
+	// script could count twice.
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.MaxRetries = time.Second, time.Second, time.Second, -1
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	return c
