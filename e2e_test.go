@@ -13,6 +13,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/providers/alipay/alipayemu"
 	"kami/providers/providertest"
 	"kami/queue"
@@ -76,17 +77,8 @@ func (a *alipayApp) running(t *testing.T) *alipayApp {
 	return a
 }
 
-// eventually polls cond until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// eventually waits for a condition; see domaintest.Eventually.
+var eventually = domaintest.Eventually
 
 func (a *alipayApp) order(t *testing.T, p *domain.Product) *domain.Order {
 	t.Helper()

@@ -10,25 +10,8 @@ import (
 	"github.com/uptrace/bun"
 
 	"kami/domain"
+	"kami/domain/domaintest"
 )
-
-// clock is a settable clock, safe for concurrent use.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // alerts records the alerts a test raised.
 type alerts struct {
@@ -67,25 +50,17 @@ type bundle struct {
 	ctx    context.Context
 	db     *bun.DB
 	ledger *domain.Ledger
-	clock  *clock
+	clock  *domaintest.Clock
 	alerts *alerts
 }
 
-var testKey = func() []byte {
-	k, err := domain.ParseCardKey("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
-	if err != nil {
-		panic(err)
-	}
-	return k
-}()
-
 func setup(t testing.TB, db *bun.DB, cfg domain.Config) *bundle {
 	t.Helper()
-	sealer, err := domain.NewSealer(testKey)
+	sealer, err := domain.NewSealer(domaintest.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bundle{ctx: context.Background(), db: db, clock: &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}, alerts: &alerts{}}
+	b := &bundle{ctx: context.Background(), db: db, clock: domaintest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)), alerts: &alerts{}}
 	b.ledger = domain.NewLedger(db, sealer, cfg, b.alerts)
 	b.ledger.Now = b.clock.Now
 	return b

@@ -17,6 +17,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/graph"
 	"kami/providers"
 	"kami/providers/sandbox"
@@ -27,13 +28,7 @@ const (
 	sandboxSecret = "sandbox-secret-for-tests"
 )
 
-var cardKey = func() []byte {
-	k, err := domain.ParseCardKey("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
-	if err != nil {
-		panic(err)
-	}
-	return k
-}()
+var cardKey = domaintest.Key()
 
 // memEvents is an in-process event stream: domain.Events for the shop and
 // graph.OrderEvents for the subscriptions.
@@ -297,17 +292,8 @@ func (b *bundle) pay(t testing.TB, orderNo, tradeNo string) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// eventually waits for a condition; see domaintest.Eventually.
+var eventually = domaintest.Eventually
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 

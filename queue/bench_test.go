@@ -23,6 +23,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/queue"
 	"kami/queue/redistest"
 )
@@ -45,7 +46,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	b.Helper()
 	rs := redistest.Open(b, redistest.Real)
 	db := dbtest.Open(b, dbtest.Postgres)
-	sealer, _ := domain.NewSealer(testKey)
+	sealer, _ := domain.NewSealer(domaintest.Key())
 	l := domain.NewLedger(db, sealer, domain.Config{}, domain.LogAlerter{Logger: quietLogger()})
 	keys := queue.NewKeys(rs.Prefix(b))
 	pe := &procEnv{db: db, ledger: l, rs: rs, keys: keys, sealer: sealer}

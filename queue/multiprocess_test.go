@@ -10,6 +10,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/migrations"
 	"kami/queue"
 	"kami/queue/redistest"
@@ -37,7 +38,7 @@ func newProcEnv(t *testing.T, dk dbtest.Kind, rk redistest.Kind) *procEnv {
 	if _, err := migrations.Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
-	sealer, _ := domain.NewSealer(testKey)
+	sealer, _ := domain.NewSealer(domaintest.Key())
 	l := domain.NewLedger(db, sealer, domain.Config{}, domain.LogAlerter{Logger: quietLogger()})
 	return &procEnv{dbURL: url, db: db, ledger: l, rs: rs, keys: queue.NewKeys(rs.Prefix(t)), sealer: sealer}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/uptrace/bun"
 
 	"kami/domain"
+	"kami/domain/domaintest"
 	"kami/queue"
 )
 
@@ -65,7 +66,7 @@ func workerMain() int {
 		fmt.Printf("claimed %d\n", len(c.Members))
 		select {}
 	case "work":
-		sealer, err := domain.NewSealer(testKey)
+		sealer, err := domain.NewSealer(domaintest.Key())
 		if err != nil {
 			return fail(err)
 		}

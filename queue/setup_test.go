@@ -15,6 +15,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/queue"
 	"kami/queue/redistest"
 )
@@ -34,32 +35,6 @@ type discardLogger struct{}
 
 func (discardLogger) Printf(context.Context, string, ...any) {}
 
-// clock is a settable clock, safe for concurrent use.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-var testKey = func() []byte {
-	k, err := domain.ParseCardKey("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f")
-	if err != nil {
-		panic(err)
-	}
-	return k
-}()
-
 func quietLogger() *slog.Logger {
 	if os.Getenv("KAMI_TEST_LOG") != "" {
 		return slog.Default()
@@ -74,7 +49,7 @@ type env struct {
 	ctx    context.Context
 	db     *bun.DB
 	ledger *domain.Ledger
-	clock  *clock
+	clock  *domaintest.Clock
 	redis  *redistest.Server
 	keys   queue.Keys
 	gate   *queue.StockGate
@@ -85,12 +60,12 @@ type env struct {
 
 func newEnv(t testing.TB, db *bun.DB, rs *redistest.Server, cfg domain.Config) *env {
 	t.Helper()
-	sealer, err := domain.NewSealer(testKey)
+	sealer, err := domain.NewSealer(domaintest.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &env{ctx: context.Background(), db: db, redis: rs, keys: queue.NewKeys(rs.Prefix(t)),
-		clock: &clock{t: time.Now().UTC().Truncate(time.Second)}}
+		clock: domaintest.NewClock(time.Now().UTC().Truncate(time.Second))}
 	e.ledger = domain.NewLedger(db, sealer, cfg, domain.LogAlerter{Logger: quietLogger()})
 	e.ledger.Now = e.clock.Now
 	e.gate = queue.NewStockGate(rs.Client, e.keys, e.ledger)
@@ -261,17 +236,8 @@ func pendingCount(t testing.TB, db *bun.DB) int {
 	return int(n)
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// eventually waits for a condition; see domaintest.Eventually.
+var eventually = domaintest.Eventually
 
 // combos runs fn for each database kind with each Redis kind, as parallel
 // subtests.

@@ -1,0 +1,60 @@
+// Package domaintest holds the few fixtures tests all over kami share: a
+// settable clock, a fixed card key, and waiting for a condition instead of
+// sleeping. Database fixtures are in dbtest.
+package domaintest
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"kami/domain"
+)
+
+// Clock is a settable clock for domain.Ledger.Now, safe for concurrent use.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a clock standing at t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now is the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock on by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// CardKey is the fixed KAMI_CARD_KEY of tests; never use it elsewhere.
+const CardKey = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+
+// Key is CardKey as bytes, for domain.NewSealer.
+func Key() []byte {
+	k, err := domain.ParseCardKey(CardKey)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// Eventually polls cond until it holds, failing the test with what if it
+// does not within the given time.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
