@@ -81,6 +81,17 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg st
 	w.Write(b)
 }
 
+// acceptedType is the response media type the client accepts; when it
+// accepts neither, it answers 406 and reports false.
+func acceptedType(w http.ResponseWriter, r *http.Request) (string, bool) {
+	mt := responseType(r)
+	if mt == "" {
+		writeError(w, r, http.StatusNotAcceptable, codeBadRequest, "accept application/graphql-response+json or application/json")
+		return "", false
+	}
+	return mt, true
+}
+
 type postTransport struct{}
 
 var _ graphql.Transport = postTransport{}
@@ -90,9 +101,8 @@ func (postTransport) Supports(r *http.Request) bool {
 }
 
 func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	mt := responseType(r)
-	if mt == "" {
-		writeError(w, r, http.StatusNotAcceptable, codeBadRequest, "accept application/graphql-response+json or application/json")
+	mt, ok := acceptedType(w, r)
+	if !ok {
 		return
 	}
 	if ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || ct != mediaJSON {
@@ -129,9 +139,8 @@ func (getTransport) Supports(r *http.Request) bool {
 }
 
 func (getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	mt := responseType(r)
-	if mt == "" {
-		writeError(w, r, http.StatusNotAcceptable, codeBadRequest, "accept application/graphql-response+json or application/json")
+	mt, ok := acceptedType(w, r)
+	if !ok {
 		return
 	}
 	q := r.URL.Query()
