@@ -138,7 +138,8 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 			s.log().WarnContext(ctx, "schedule close failed; the sweeper will", "order", placed.Order.OrderNo, "err", err)
 		}
 	}
-	s.changed(ctx, placed.Order)
+	// No event for the new order: nobody can be subscribed to it yet, and
+	// a subscription starts with the order's current status.
 	return s.checkout(ctx, p, placed, method, clientIP)
 }
 
