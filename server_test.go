@@ -222,3 +222,18 @@ func TestWebhookSandbox(t *testing.T) {
 		})
 	}
 }
+
+// TestPlaceOrderBadInputNotEchoed: an oversized provider or method name is
+// refused as BAD_INPUT without being repeated back.
+func TestPlaceOrderBadInputNotEchoed(t *testing.T) {
+	t.Parallel()
+	ta := newTestApp(t, dbtest.SQLite, nil)
+	p := ta.product(t, 100, "E-1")
+	long := strings.Repeat("x", 10_000)
+	for _, tc := range []struct{ provider, method string }{{long, ""}, {"sandbox", long}} {
+		_, err := ta.shop.PlaceOrder(t.Context(), domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: "c", Provider: tc.provider}, tc.method, "")
+		if domain.ErrorCode(err) != domain.EBADINPUT || strings.Contains(err.Error(), long) {
+			t.Errorf("provider %d bytes, method %d bytes: %v", len(tc.provider), len(tc.method), err)
+		}
+	}
+}

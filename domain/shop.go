@@ -75,6 +75,9 @@ func (s *Shop) changed(ctx context.Context, o *Order) {
 	}
 }
 
+// maxMethodLen bounds a payment method's name ("page", "native", ...).
+const maxMethodLen = 16
+
 // Checkout is what a buyer gets from placing an order.
 type Checkout struct {
 	*PlacedOrder
@@ -96,12 +99,16 @@ func (s *Shop) PlaceOrder(ctx context.Context, in PlaceOrderInput, method, clien
 }
 
 func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clientIP string) (*Checkout, error) {
+	// Input is checked before any of it is echoed in an error.
+	if err := in.normalize(); err != nil {
+		return nil, err
+	}
+	if len(method) > maxMethodLen {
+		return nil, Errorf(EBADINPUT, "method is longer than %d characters", maxMethodLen)
+	}
 	p, ok := s.Providers.Get(in.Provider)
 	if !ok {
 		return nil, Errorf(EBADINPUT, "provider %q is not enabled; use one of %v", in.Provider, s.Providers.Names())
-	}
-	if err := in.normalize(); err != nil {
-		return nil, err
 	}
 	if in.IdempotencyKey != "" {
 		placed, err := s.Ledger.replay(ctx, in)
