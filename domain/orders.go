@@ -234,20 +234,11 @@ func (l *Ledger) DeliveredCodes(ctx context.Context, o *Order) ([]string, error)
 	if o.DeliveredAt.IsZero() {
 		return nil, Errorf(ECONFLICT, "order %s has not been paid", o.OrderNo)
 	}
-	var cards []Card
-	if err := l.db.NewSelect().Model(&cards).Where("order_no = ?", o.OrderNo).
-		Where("status = ?", CardSold).Order("id").Scan(ctx); err != nil {
+	codes, err := l.SoldCodes(ctx, []string{o.OrderNo})
+	if err != nil {
 		return nil, err
 	}
-	codes := make([]string, 0, len(cards))
-	for _, c := range cards {
-		code, err := l.sealer.Open(c.ProductID, c.CodeEnc)
-		if err != nil {
-			return nil, fmt.Errorf("card %d: %w", c.ID, err)
-		}
-		codes = append(codes, code)
-	}
-	return codes, nil
+	return codes[o.OrderNo], nil
 }
 
 // --- close ----------------------------------------------------------------
