@@ -13,7 +13,7 @@ import (
 	"kami/domain"
 	"kami/domain/dbtest"
 	"kami/graph"
-	"kami/providers/sandbox"
+	"kami/providers/fault"
 )
 
 func TestProducts(t *testing.T) {
@@ -280,7 +280,7 @@ func TestCreateOrderErrors(t *testing.T) {
 	create(map[string]any{"contact": "third@example.com"}, from("198.51.100.3")).decode(t, &first)
 
 	// A provider that does not answer: UNAVAILABLE, and nothing is held.
-	b.sandbox.InjectFault(sandbox.OpCreate, sandbox.Fault5xx, 1)
+	b.sandbox.InjectFault(fault.OpCreate, fault.Server5xx, 1)
 	create(map[string]any{"contact": "down@example.com", "productId": b.product(t, "1.00", 1)}).wantCode(t, domain.EUNAVAILABLE)
 }
 

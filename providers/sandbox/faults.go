@@ -9,43 +9,26 @@ import (
 	"kami/providers/fault"
 )
 
-// Op names a sandbox call for fault injection: fault.Op.
-type Op = fault.Op
-
-const (
-	OpCreate       = fault.OpCreate
-	OpRefund       = fault.OpRefund
-	OpQueryRefund  = fault.OpQueryRefund
-	OpQueryPayment = fault.OpQueryPayment
-	OpClose        = fault.OpClose
-)
-
-// Fault is a failure a real gateway can show, played by the sandbox:
-// fault.Fault.
-type Fault = fault.Fault
-
-const (
-	FaultNone     = fault.None
-	FaultTimeout  = fault.Timeout   // hang for Config.Timeout, do nothing, Temporary
-	Fault5xx      = fault.Server5xx // do nothing, Temporary (HTTP 503)
-	FaultBusiness = fault.Business  // do nothing, Rejected
-	FaultSlow     = fault.Slow      // wait a quarter of Config.Timeout, then work
-	// FaultTimeoutAfterEffect does the work, then hangs for Config.Timeout
-	// and fails Temporary: the answer was lost, the effect was not.
-	FaultTimeoutAfterEffect = fault.TimeoutAfterEffect
-)
+// The sandbox plays the gateway faults of package fault; how each one
+// behaves here:
+//   - fault.Timeout: hang for Config.Timeout, do nothing, Temporary;
+//   - fault.Server5xx: do nothing, Temporary (HTTP 503);
+//   - fault.Business: do nothing, Rejected;
+//   - fault.Slow: wait a quarter of Config.Timeout, then work;
+//   - fault.TimeoutAfterEffect: do the work, then hang for Config.Timeout
+//     and fail Temporary: the answer was lost, the effect was not.
 
 // InjectFault makes the next n calls of op fail with f (n <= 0: until
-// cleared with FaultNone). Whole-system tests use it to try the retry paths;
+// cleared with fault.None). Whole-system tests use it to try the retry paths;
 // it panics on an op or fault it does not know, as that is a broken test.
-func (p *Provider) InjectFault(op Op, f Fault, n int) {
+func (p *Provider) InjectFault(op fault.Op, f fault.Fault, n int) {
 	switch op {
-	case OpCreate, OpRefund, OpQueryRefund, OpQueryPayment, OpClose:
+	case fault.OpCreate, fault.OpRefund, fault.OpQueryRefund, fault.OpQueryPayment, fault.OpClose:
 	default:
 		panic(fmt.Sprintf("sandbox: unknown op %q", op))
 	}
 	switch f {
-	case FaultNone, FaultTimeout, Fault5xx, FaultBusiness, FaultSlow, FaultTimeoutAfterEffect:
+	case fault.None, fault.Timeout, fault.Server5xx, fault.Business, fault.Slow, fault.TimeoutAfterEffect:
 	default:
 		panic(fmt.Sprintf("sandbox: unknown fault %q", f))
 	}
@@ -54,19 +37,19 @@ func (p *Provider) InjectFault(op Op, f Fault, n int) {
 
 // before plays the part of a fault that comes before the work: it returns
 // the fault for after, or the error that ends the call.
-func (p *Provider) before(ctx context.Context, op Op, name string) (Fault, error) {
+func (p *Provider) before(ctx context.Context, op fault.Op, name string) (fault.Fault, error) {
 	if err := ctx.Err(); err != nil {
-		return FaultNone, p.fail(providers.Temporary, name, "", "not sent", err)
+		return fault.None, p.fail(providers.Temporary, name, "", "not sent", err)
 	}
 	f := p.faults.Take(op)
 	switch f {
-	case FaultTimeout:
+	case fault.Timeout:
 		return f, p.hang(ctx, name, p.timeout)
-	case Fault5xx:
+	case fault.Server5xx:
 		return f, p.fail(providers.Temporary, name, "HTTP_503", "gateway unavailable", nil)
-	case FaultBusiness:
+	case fault.Business:
 		return f, p.fail(providers.Rejected, name, "SANDBOX_BUSINESS_ERROR", "injected business error", nil)
-	case FaultSlow:
+	case fault.Slow:
 		if err := wait(ctx, p.timeout/4); err != nil {
 			return f, p.fail(providers.Temporary, name, "", "canceled", err)
 		}
@@ -75,8 +58,8 @@ func (p *Provider) before(ctx context.Context, op Op, name string) (Fault, error
 }
 
 // after plays the part of a fault that comes after the work.
-func (p *Provider) after(ctx context.Context, f Fault, name string) error {
-	if f == FaultTimeoutAfterEffect {
+func (p *Provider) after(ctx context.Context, f fault.Fault, name string) error {
+	if f == fault.TimeoutAfterEffect {
 		return p.hang(ctx, name, p.timeout)
 	}
 	return nil

@@ -62,7 +62,7 @@ type Config struct {
 	// another is refused. Default DefaultMerchant.
 	Merchant string
 	// Timeout stands for the client timeout of a real gateway: how long a
-	// call under FaultTimeout hangs before it fails. Default 1s.
+	// call under fault.Timeout hangs before it fails. Default 1s.
 	Timeout time.Duration
 	// Now is the gateway's clock. Default time.Now.
 	Now func() time.Time
@@ -147,7 +147,7 @@ func (p *Provider) CreatePayment(ctx context.Context, r providers.PaymentRequest
 	if !validID(r.OrderNo) || r.AmountFen <= 0 || r.AmountFen > money.MaxFen || r.ExpiresAt.IsZero() {
 		return providers.PaymentAction{}, p.fail(providers.Rejected, op, "INVALID_REQUEST", "order number, amount or expiry missing or out of range", nil)
 	}
-	f, err := p.before(ctx, OpCreate, op)
+	f, err := p.before(ctx, fault.OpCreate, op)
 	if err != nil {
 		return providers.PaymentAction{}, err
 	}
@@ -211,7 +211,7 @@ func (p *Provider) Refund(ctx context.Context, r providers.RefundRequest) (provi
 	p.calls[r.RefundNo]++
 	p.mu.Unlock()
 
-	f, err := p.before(ctx, OpRefund, op)
+	f, err := p.before(ctx, fault.OpRefund, op)
 	if err != nil {
 		return providers.RefundResult{}, err
 	}
@@ -268,7 +268,7 @@ func (rf *refund) result() providers.RefundResult {
 // QueryRefund reports a refund made under r.RefundNo, or RefundNotFound.
 func (p *Provider) QueryRefund(ctx context.Context, r providers.RefundRequest) (providers.RefundResult, error) {
 	const op = "query_refund"
-	f, err := p.before(ctx, OpQueryRefund, op)
+	f, err := p.before(ctx, fault.OpQueryRefund, op)
 	if err != nil {
 		return providers.RefundResult{}, err
 	}
@@ -287,7 +287,7 @@ func (p *Provider) QueryRefund(ctx context.Context, r providers.RefundRequest) (
 // QueryPayment reports the sandbox's view of the trade of orderNo.
 func (p *Provider) QueryPayment(ctx context.Context, orderNo string) (providers.TradeState, error) {
 	const op = "query_payment"
-	f, err := p.before(ctx, OpQueryPayment, op)
+	f, err := p.before(ctx, fault.OpQueryPayment, op)
 	if err != nil {
 		return providers.TradeState{}, err
 	}
@@ -311,7 +311,7 @@ func (p *Provider) QueryPayment(ctx context.Context, orderNo string) (providers.
 // a paid one is Rejected with code TRADE_PAID.
 func (p *Provider) ClosePayment(ctx context.Context, orderNo string) error {
 	const op = "close"
-	f, err := p.before(ctx, OpClose, op)
+	f, err := p.before(ctx, fault.OpClose, op)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"kami/domain/money"
 	"kami/providers"
+	"kami/providers/fault"
 	"kami/providers/providertest"
 	"kami/providers/sandbox"
 )
@@ -192,7 +193,7 @@ func TestRefundMoreThanPaidIsRejected(t *testing.T) {
 func TestFaultCountRunsOut(t *testing.T) {
 	t.Parallel()
 	p := newSandbox(t, nil)
-	p.InjectFault(sandbox.OpQueryPayment, sandbox.Fault5xx, 2)
+	p.InjectFault(fault.OpQueryPayment, fault.Server5xx, 2)
 	for i, want := range []bool{true, true, false} {
 		_, err := p.QueryPayment(t.Context(), "K1")
 		if (err != nil) != want {
