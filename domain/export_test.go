@@ -16,3 +16,14 @@ func ApplyForTest(ctx context.Context, db bun.IDB, t Transition, key string) (in
 	}
 	return apply(ctx, db, t, time.Now().UTC(), where)
 }
+
+// PlaceBatchForTest places ins as one batch, as the batcher would when
+// they arrive together.
+func (l *Ledger) PlaceBatchForTest(ctx context.Context, ins []PlaceOrderInput) ([]*PlacedOrder, []error) {
+	for i := range ins {
+		if err := ins[i].normalize(); err != nil {
+			panic(err)
+		}
+	}
+	return l.placeBatch(ctx, ins)
+}

@@ -87,6 +87,8 @@ type Ledger struct {
 	// Now is the clock; tests set it. It must return times the database
 	// keeps exactly (see now()).
 	Now func() time.Time
+
+	placer *batcher[PlaceOrderInput, *PlacedOrder] // group commit of PlaceOrder
 }
 
 // NewLedger returns a Ledger over db (already migrated).
@@ -94,7 +96,25 @@ func NewLedger(db *bun.DB, sealer *Sealer, cfg Config, alerts Alerter) *Ledger {
 	if alerts == nil {
 		alerts = LogAlerter{}
 	}
-	return &Ledger{db: db, sealer: sealer, cfg: cfg.withDefaults(), alerts: alerts, Now: time.Now}
+	l := &Ledger{db: db, sealer: sealer, cfg: cfg.withDefaults(), alerts: alerts, Now: time.Now}
+	l.placer = &batcher[PlaceOrderInput, *PlacedOrder]{
+		maxLeaders: placeLeaders(db),
+		maxBatch:   maxPlaceBatch,
+		run:        l.placeBatch,
+	}
+	return l
+}
+
+// maxPlaceBatch bounds the orders placed in one transaction: enough to
+// carry a crowd of storefronts, small enough that one transaction holds
+// its locks for milliseconds.
+const maxPlaceBatch = 64
+
+// placeLeaders is how many placement transactions run at once: a quarter
+// of the pool, so that payments, closes and reads keep connections while
+// the batches take turns. SQLite has one writer, and so one batch at a time.
+func placeLeaders(db *bun.DB) int {
+	return max(1, db.DB.Stats().MaxOpenConnections/4)
 }
 
 // DB returns the ledger's database, for read-only helpers and tests.

@@ -225,6 +225,104 @@ func TestPlaceOrder(t *testing.T) {
 	})
 }
 
+// TestPlaceOrderBatch: orders that arrive together are decided together,
+// each on its own: one transaction places the good ones and refuses the
+// rest with their own error, first come first served for the last cards
+// and the caps, and leaves the ledger as if they had come one by one.
+func TestPlaceOrderBatch(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{MaxQuantity: 5, MaxPendingPerContact: 2})
+		a := b.product(t, 100, 3)
+		c := b.product(t, 700, 10)
+		off := b.product(t, 100, 2)
+		inactive := false
+		if _, err := b.ledger.UpdateProduct(b.ctx, off.ID, domain.ProductInput{Active: &inactive}, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		earlier, err := b.ledger.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: c.ID, Quantity: 1, Contact: "keyed", Provider: "sandbox", IdempotencyKey: "k-1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := func(product *domain.Product, qty int, contact, key string) domain.PlaceOrderInput {
+			return domain.PlaceOrderInput{ProductID: product.ID, Quantity: qty, Contact: contact, Provider: "sandbox", IdempotencyKey: key}
+		}
+		batch := []domain.PlaceOrderInput{
+			in(a, 2, "first", ""),  // 0: placed, 1 card of a left
+			in(a, 2, "second", ""), // 1: SOLD_OUT, only 1 left
+			in(a, 1, "third", ""),  // 2: placed, the last card of a
+			in(c, 6, "big", ""),    // 3: over MaxQuantity
+			in(off, 1, "late", ""), // 4: not on sale
+			{ProductID: 424242, Quantity: 1, Contact: "x", Provider: "sandbox"}, // 5: no such product
+			in(c, 1, "hoarder", ""),  // 6: placed
+			in(c, 1, "hoarder", ""),  // 7: placed, the contact's second
+			in(c, 1, "hoarder", ""),  // 8: LIMIT_EXCEEDED, counted within the batch
+			in(c, 1, "keyed", "k-1"), // 9: the earlier order, replayed
+			in(c, 2, "keyed", "k-1"), // 10: CONFLICT, the key was used for another order
+			in(c, 3, "multi", "k-2"), // 11: placed with a new key
+		}
+		placed, errs := b.ledger.PlaceBatchForTest(b.ctx, batch)
+		wantErr := map[int]string{1: domain.ESOLDOUT, 3: domain.EBADINPUT, 4: domain.ENOTFOUND, 5: domain.ENOTFOUND, 8: domain.ELIMIT, 10: domain.ECONFLICT}
+		orderNos := map[string]bool{}
+		for i := range batch {
+			if code, refused := wantErr[i]; refused {
+				if domain.ErrorCode(errs[i]) != code || placed[i] != nil {
+					t.Errorf("order %d: %+v, %v; want %s", i, placed[i], errs[i], code)
+				}
+				continue
+			}
+			if errs[i] != nil {
+				t.Fatalf("order %d: %v", i, errs[i])
+			}
+			o := placed[i].Order
+			if i == 9 {
+				if !placed[i].Replayed || o.OrderNo != earlier.Order.OrderNo {
+					t.Errorf("order 9: %+v, want the replay of %s", o, earlier.Order.OrderNo)
+				}
+				continue
+			}
+			if placed[i].Replayed || o.Quantity != batch[i].Quantity || o.Contact != batch[i].Contact || o.ProductID != batch[i].ProductID {
+				t.Errorf("order %d: %+v for %+v", i, o, batch[i])
+			}
+			if want := placed[i].Product.PriceFen * int64(batch[i].Quantity); o.AmountFen != want {
+				t.Errorf("order %d: amount %d, want %d", i, o.AmountFen, want)
+			}
+			if got := b.cardStatuses(t, o.OrderNo); got[domain.CardLocked] != batch[i].Quantity || len(got) != 1 {
+				t.Errorf("order %d: cards %v, want %d LOCKED", i, got, batch[i].Quantity)
+			}
+			if !domain.TokenMatches(placed[i].AccessToken, o.AccessTokenHash) {
+				t.Errorf("order %d: the access token does not match the stored hash", i)
+			}
+			if orderNos[o.OrderNo] {
+				t.Errorf("order number %s given twice", o.OrderNo)
+			}
+			orderNos[o.OrderNo] = true
+		}
+		if n, _ := db.NewSelect().Table("orders").Count(b.ctx); n != 1+5 {
+			t.Fatalf("%d orders, want 6 (1 earlier + 5 placed)", n)
+		}
+		counts, err := b.ledger.StockCounts(b.ctx, a.ID, c.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := counts[a.ID]; got.Locked != 3 || got.Lockable != 0 {
+			t.Errorf("product a: %+v, want 3 locked, none left", got)
+		}
+		if got := counts[c.ID]; got.Locked != 1+1+1+3 || got.Lockable != 4 {
+			t.Errorf("product c: %+v, want 6 locked, 4 left", got)
+		}
+		b.mustAudit(t)
+
+		// One new key twice in a batch: one order, and the second call
+		// gets it back.
+		twice, errs := b.ledger.PlaceBatchForTest(b.ctx, []domain.PlaceOrderInput{in(c, 1, "again", "k-3"), in(c, 1, "again", "k-3")})
+		if errs[0] != nil || errs[1] != nil || twice[0].Order.OrderNo != twice[1].Order.OrderNo || twice[0].Replayed == twice[1].Replayed {
+			t.Fatalf("one key twice: %+v %+v, %v %v", twice[0], twice[1], errs[0], errs[1])
+		}
+		b.mustAudit(t)
+	})
+}
+
 func TestPendingCaps(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {

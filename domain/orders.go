@@ -72,6 +72,9 @@ type PlacedOrder struct {
 // ExpiresAt, in one transaction with its stock journal entry.
 // BAD_INPUT, NOT_FOUND (no such product on sale), SOLD_OUT, LIMIT_EXCEEDED,
 // CONFLICT (an idempotency key reused for a different order).
+//
+// Orders placed at the same moment share that transaction (see batcher):
+// each is decided on its own, and one refused order never fails another.
 func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, error) {
 	if err := in.normalize(); err != nil {
 		return nil, err
@@ -81,26 +84,232 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 			return placed, err
 		}
 	}
+	return l.placer.do(ctx, in)
+}
+
+// placeBatch places a batch of normalized orders in one transaction. Should
+// the transaction itself fail (not one order refused: the statement), each
+// order is placed again in a transaction of its own, so that whatever
+// caused it fails only its own order.
+func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*PlacedOrder, []error) {
 	var (
-		order   *Order
-		product *Product
+		placed []*PlacedOrder
+		errs   []error
 	)
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var err error
-		order, product, err = l.placeOrder(ctx, tx, in)
+		placed, errs, err = l.placeOrders(ctx, tx, ins)
 		return err
 	})
-	if err != nil {
-		if in.IdempotencyKey != "" && isUniqueViolation(err) {
-			// Another request with the same key won the race; its order is
-			// this request's answer.
-			if placed, rerr := l.replay(ctx, in); placed != nil || rerr != nil {
-				return placed, rerr
+	if err == nil {
+		return placed, errs
+	}
+	placed, errs = make([]*PlacedOrder, len(ins)), make([]error, len(ins))
+	if len(ins) > 1 && ctx.Err() == nil {
+		for i := range ins {
+			one, oneErr := l.placeBatch(ctx, ins[i:i+1])
+			placed[i], errs[i] = one[0], oneErr[0]
+		}
+		return placed, errs
+	}
+	errs[0] = err
+	if len(ins) == 1 && ins[0].IdempotencyKey != "" && isUniqueViolation(err) {
+		// Another request with the same key won the race; its order is
+		// this request's answer.
+		if again, rerr := l.replay(ctx, ins[0]); again != nil || rerr != nil {
+			placed[0], errs[0] = again, rerr
+		}
+	}
+	return placed, errs
+}
+
+// placeOrders decides every order of a batch with a fixed number of
+// statements, whatever the batch's size: read the idempotency keys, the
+// products and the buyers' unpaid orders; lock cards product by product
+// with SKIP LOCKED; then insert the orders, mark their cards and write the
+// journal, each in one statement. An order refused for its own reasons gets
+// its error in errs; the returned error is the transaction's.
+func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput) ([]*PlacedOrder, []error, error) {
+	placed, errs := make([]*PlacedOrder, len(ins)), make([]error, len(ins))
+	open := func(yield func(int, PlaceOrderInput) bool) { // the orders not yet decided
+		for i, in := range ins {
+			if placed[i] == nil && errs[i] == nil && !yield(i, in) {
+				return
 			}
 		}
+	}
+
+	if err := l.replayBatch(ctx, tx, ins, placed, errs); err != nil {
+		return nil, nil, err
+	}
+
+	products, err := l.productsOf(ctx, tx, ins)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, in := range open {
+		p, ok := products[in.ProductID]
+		switch {
+		case !ok:
+			errs[i] = Errorf(ENOTFOUND, "product %d not found", in.ProductID)
+		case !p.Active:
+			errs[i] = Errorf(ENOTFOUND, "product %d is not on sale", in.ProductID)
+		case in.Quantity > l.maxQuantity(p):
+			errs[i] = Errorf(EBADINPUT, "quantity must be at most %d", l.maxQuantity(p))
+		}
+	}
+
+	if err := l.checkPendingCaps(ctx, tx, ins, open, errs); err != nil {
+		return nil, nil, err
+	}
+
+	// Cards, product by product in id order, first come first served
+	// within the batch.
+	want := map[int64]int{}
+	for _, in := range open {
+		want[in.ProductID] += in.Quantity
+	}
+	cards := map[int][]int64{}
+	for _, productID := range sortedKeys(want) {
+		// No ORDER BY: any lockable card will do, and without one the scan
+		// of the (product_id, status, id) index stops at the first free
+		// rows instead of sorting every lockable card of the product.
+		var free []int64
+		if err := forUpdateSkipLocked(tx.NewSelect().Table("card_stock").Column("id").
+			Where("product_id = ?", productID).Where("status IN (?)", bun.In(CardLock.From)).
+			Limit(int64(want[productID]))).Scan(ctx, &free); err != nil {
+			return nil, nil, err
+		}
+		for i, in := range open {
+			if in.ProductID != productID {
+				continue
+			}
+			if len(free) < in.Quantity {
+				errs[i] = Errorf(ESOLDOUT, "product %d has fewer than %d cards left", productID, in.Quantity)
+				continue
+			}
+			cards[i], free = free[:in.Quantity], free[in.Quantity:]
+		}
+	}
+	if len(cards) == 0 {
+		return placed, errs, nil
+	}
+
+	now := l.now()
+	var (
+		orders  []Order
+		flows   []StockFlow
+		cardIDs []int64
+		orderOf []any // CASE arms: card ids, then their order number
+		numbers = map[string]bool{}
+		hasKey  bool
+	)
+	for i, in := range open {
+		ids := cards[i]
+		p := products[in.ProductID]
+		no := newOrderNo(now)
+		for numbers[no] {
+			no = newOrderNo(now)
+		}
+		numbers[no] = true
+		hasKey = hasKey || in.IdempotencyKey != ""
+		orders = append(orders, Order{
+			OrderNo: no, ProductID: p.ID, Quantity: in.Quantity,
+			UnitPriceFen: p.PriceFen, AmountFen: p.PriceFen * int64(in.Quantity),
+			Contact: in.Contact, ClientAddr: in.ClientAddr, Provider: in.Provider,
+			Status: OrderPending, IdempotencyKey: in.IdempotencyKey,
+			ExpiresAt: now.Add(l.cfg.OrderTTL), CreatedAt: now, UpdatedAt: now,
+			AccessTokenHash: HashToken(l.sealer.AccessToken(no)),
+		})
+		flows = append(flows, StockFlow{ProductID: p.ID, OrderNo: no, ChangeType: FlowLock, Quantity: in.Quantity})
+		cardIDs = append(cardIDs, ids...)
+		orderOf = append(orderOf, bun.In(ids), no)
+	}
+	if _, err := tx.NewInsert().Model(&orders).Exec(ctx); err != nil {
+		if isUniqueViolation(err) && !hasKey {
+			return nil, nil, errRetry // an order number drawn twice in one second: draw again
+		}
+		return nil, nil, err
+	}
+	caseOrderNo := "order_no = CASE" + strings.Repeat(" WHEN id IN (?) THEN ?", len(orders)) + " END"
+	n, err := apply(ctx, tx, CardLock, now, whereIDs(cardIDs), col(caseOrderNo, orderOf...), col("locked_at = ?", now))
+	if err != nil {
+		return nil, nil, err
+	}
+	if n != int64(len(cardIDs)) {
+		return nil, nil, errRetry // the rows were locked by us; only SQLite's missing row locks get here
+	}
+	if err := writeFlow(ctx, tx, now, flows...); err != nil {
+		return nil, nil, err
+	}
+	k := 0
+	for i, in := range open {
+		p := products[in.ProductID]
+		placed[i] = &PlacedOrder{Order: &orders[k], Product: &p, AccessToken: l.sealer.AccessToken(orders[k].OrderNo)}
+		k++
+	}
+	return placed, errs, nil
+}
+
+func (l *Ledger) maxQuantity(p Product) int {
+	if p.MaxPerOrder > 0 {
+		return p.MaxPerOrder
+	}
+	return l.cfg.MaxQuantity
+}
+
+// replayBatch answers the orders whose idempotency key was already used:
+// with that order, or CONFLICT when it was used for a different one. One
+// new key twice in a batch fails the insert; placeBatch then places the two
+// alone, and the second replays the first.
+func (l *Ledger) replayBatch(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput, placed []*PlacedOrder, errs []error) error {
+	var keys []string
+	for _, in := range ins {
+		if in.IdempotencyKey != "" {
+			keys = append(keys, in.IdempotencyKey)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	var found []Order
+	if err := tx.NewSelect().Model(&found).Where("idempotency_key IN (?)", bun.In(keys)).Scan(ctx); err != nil {
+		return err
+	}
+	for _, o := range found {
+		for i, in := range ins {
+			if in.IdempotencyKey == o.IdempotencyKey {
+				placed[i], errs[i] = l.replayed(in, o)
+			}
+		}
+	}
+	return nil
+}
+
+// productsOf reads the products the batch orders, by id.
+func (l *Ledger) productsOf(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput) (map[int64]Product, error) {
+	ids := map[int64]bool{}
+	for _, in := range ins {
+		ids[in.ProductID] = true
+	}
+	var ps []Product
+	if err := tx.NewSelect().Model(&ps).Where("id IN (?)", bun.In(sortedKeys(ids))).Scan(ctx); err != nil {
 		return nil, err
 	}
-	return &PlacedOrder{Order: order, Product: product, AccessToken: l.sealer.AccessToken(order.OrderNo)}, nil
+	byID := make(map[int64]Product, len(ps))
+	for _, p := range ps {
+		byID[p.ID] = p
+	}
+	return byID, nil
+}
+
+func sortedKeys[V any](m map[int64]V) []int64 {
+	keys := make([]int64, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
+	return keys
 }
 
 // replay returns the order already placed with in's idempotency key, or nil.
@@ -113,92 +322,76 @@ func (l *Ledger) replay(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, 
 	if err != nil {
 		return nil, err
 	}
+	return l.replayed(in, o)
+}
+
+// replayed answers in with o, the order placed earlier with its key.
+func (l *Ledger) replayed(in PlaceOrderInput, o Order) (*PlacedOrder, error) {
 	if o.ProductID != in.ProductID || o.Quantity != in.Quantity || o.Contact != in.Contact || o.Provider != in.Provider {
 		return nil, Errorf(ECONFLICT, "idempotencyKey was already used for a different order")
 	}
 	return &PlacedOrder{Order: &o, AccessToken: l.sealer.AccessToken(o.OrderNo), Replayed: true}, nil
 }
 
-func (l *Ledger) placeOrder(ctx context.Context, tx bun.Tx, in PlaceOrderInput) (*Order, *Product, error) {
-	var p Product
-	if err := tx.NewSelect().Model(&p).Where("id = ?", in.ProductID).Scan(ctx); err != nil {
-		return nil, nil, notFound(err, "product %d not found", in.ProductID)
-	}
-	if !p.Active {
-		return nil, nil, Errorf(ENOTFOUND, "product %d is not on sale", in.ProductID)
-	}
-	maxQty := l.cfg.MaxQuantity
-	if p.MaxPerOrder > 0 {
-		maxQty = p.MaxPerOrder
-	}
-	if in.Quantity > maxQty {
-		return nil, nil, Errorf(EBADINPUT, "quantity must be at most %d", maxQty)
-	}
-	if err := l.checkPendingCaps(ctx, tx, in); err != nil {
-		return nil, nil, err
-	}
-	now := l.now()
-	o := &Order{
-		OrderNo: newOrderNo(now), ProductID: p.ID, Quantity: in.Quantity,
-		UnitPriceFen: p.PriceFen, AmountFen: p.PriceFen * int64(in.Quantity),
-		Contact: in.Contact, ClientAddr: in.ClientAddr, Provider: in.Provider,
-		Status: OrderPending, IdempotencyKey: in.IdempotencyKey,
-		ExpiresAt: now.Add(l.cfg.OrderTTL), CreatedAt: now, UpdatedAt: now,
-	}
-	o.AccessTokenHash = HashToken(l.sealer.AccessToken(o.OrderNo))
-	if _, err := tx.NewInsert().Model(o).Exec(ctx); err != nil {
-		if isUniqueViolation(err) && in.IdempotencyKey == "" {
-			return nil, nil, errRetry // an order number drawn twice in one second: draw again
-		}
-		return nil, nil, err
-	}
-	// No ORDER BY: any lockable card will do, and without one the scan of
-	// the (product_id, status, id) index stops at the first free rows
-	// instead of sorting every lockable card of the product.
-	var ids []int64
-	if err := forUpdateSkipLocked(tx.NewSelect().Table("card_stock").Column("id").
-		Where("product_id = ?", p.ID).Where("status IN (?)", bun.In(CardLock.From)).
-		Limit(int64(in.Quantity))).Scan(ctx, &ids); err != nil {
-		return nil, nil, err
-	}
-	if len(ids) < in.Quantity {
-		return nil, nil, Errorf(ESOLDOUT, "product %d has fewer than %d cards left", p.ID, in.Quantity)
-	}
-	n, err := apply(ctx, tx, CardLock, now, whereIDs(ids), col("order_no = ?", o.OrderNo), col("locked_at = ?", now))
-	if err != nil {
-		return nil, nil, err
-	}
-	if n != int64(len(ids)) {
-		return nil, nil, errRetry // the rows were locked by us; only SQLite's missing row locks get here
-	}
-	if err := writeFlow(ctx, tx, now, StockFlow{ProductID: p.ID, OrderNo: o.OrderNo, ChangeType: FlowLock, Quantity: in.Quantity}); err != nil {
-		return nil, nil, err
-	}
-	return o, &p, nil
-}
-
 // checkPendingCaps refuses a buyer who already holds too many unpaid
-// orders. The caps are a brake on hoarding, not a ledger rule: two orders
-// racing past the last free slot may both pass.
-func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, in PlaceOrderInput) error {
-	check := func(column, value string, max int, what string) error {
-		if max <= 0 || value == "" {
-			return nil
+// orders, counting the orders placed before the batch and those ahead in
+// it. The caps are a brake on hoarding, not a ledger rule: two orders
+// racing past the last free slot in two transactions may both pass.
+func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput, open func(func(int, PlaceOrderInput) bool), errs []error) error {
+	type capRule struct {
+		column, what string
+		max          int
+		of           func(PlaceOrderInput) string
+		held         map[string]int
+	}
+	rules := []*capRule{
+		{column: "contact", what: "contact", max: l.cfg.MaxPendingPerContact, of: func(in PlaceOrderInput) string { return in.Contact }},
+		{column: "client_addr", what: "address", max: l.cfg.MaxPendingPerAddress, of: func(in PlaceOrderInput) string { return in.ClientAddr }},
+	}
+	for _, r := range rules {
+		if r.max <= 0 {
+			continue
 		}
-		n, err := tx.NewSelect().Table("orders").Where("? = ?", bun.Ident(column), value).
-			Where("status = ?", OrderPending).Count(ctx)
-		if err != nil {
+		var values []string
+		for _, in := range open {
+			if v := r.of(in); v != "" {
+				values = append(values, v)
+			}
+		}
+		if len(values) == 0 {
+			continue
+		}
+		var rows []struct {
+			Value string `bun:"value"`
+			Held  int    `bun:"held"`
+		}
+		if err := tx.NewSelect().Table("orders").ColumnExpr("? AS value, COUNT(*) AS held", bun.Ident(r.column)).
+			Where("? IN (?)", bun.Ident(r.column), bun.In(values)).Where("status = ?", OrderPending).
+			GroupExpr("?", bun.Ident(r.column)).Scan(ctx, &rows); err != nil {
 			return err
 		}
-		if int64(n) >= int64(max) {
-			return Errorf(ELIMIT, "this %s already has %d unpaid orders; pay or cancel one first", what, n)
+		r.held = make(map[string]int, len(rows))
+		for _, row := range rows {
+			r.held[row.Value] = row.Held
 		}
-		return nil
 	}
-	if err := check("contact", in.Contact, l.cfg.MaxPendingPerContact, "contact"); err != nil {
-		return err
+	for i, in := range open {
+		for _, r := range rules {
+			if v := r.of(in); r.held != nil && v != "" && r.held[v] >= r.max {
+				errs[i] = Errorf(ELIMIT, "this %s already has %d unpaid orders; pay or cancel one first", r.what, r.held[v])
+				break
+			}
+		}
+		if errs[i] != nil {
+			continue
+		}
+		for _, r := range rules {
+			if v := r.of(in); r.held != nil && v != "" {
+				r.held[v]++
+			}
+		}
 	}
-	return check("client_addr", in.ClientAddr, l.cfg.MaxPendingPerAddress, "address")
+	return nil
 }
 
 // Order returns one order. NOT_FOUND.

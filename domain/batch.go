@@ -1,0 +1,136 @@
+package domain
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// batcher is group commit: calls that arrive while the database is busy
+// with earlier ones are queued and run together, as one transaction, by
+// whichever caller leads next. Under load one transaction carries many
+// orders, so the database parses, plans and commits a handful of set-based
+// statements for all of them instead of a handful for each; an idle shop
+// pays nothing, since a lone call leads at once and runs alone.
+//
+// There are no goroutines of its own. A caller that finds fewer than
+// maxLeaders batches running leads: it takes up to maxBatch queued calls
+// from the front and runs them. When it is done it hands the lead on
+// together with the next batch, which it takes out of the queue for the
+// call at its front; with the queue empty it gives the lead up. A call
+// that is handed the lead is in the batch it is handed, so every lead ends
+// in a run, no call is left behind, and no leader serves forever.
+type batcher[In, Out any] struct {
+	maxLeaders int
+	maxBatch   int
+	// run answers every call of one batch: out[i] and errs[i] belong to
+	// ins[i]. It runs under a context that outlives the leader's request.
+	run func(ctx context.Context, ins []In) (out []Out, errs []error)
+
+	mu      sync.Mutex
+	queue   []*batchCall[In, Out]
+	leaders int
+}
+
+type batchCall[In, Out any] struct {
+	ctx  context.Context
+	in   In
+	out  Out
+	err  error
+	done chan struct{}              // closed when out and err are set
+	lead chan []*batchCall[In, Out] // the batch this call is to lead
+}
+
+// batchTimeout bounds one batch's work. A batch runs for callers other
+// than its leader, so it must not stop when the leader's request does.
+const batchTimeout = 30 * time.Second
+
+// do queues in and returns its answer. It never abandons a queued call: a
+// batch takes milliseconds, and a call whose context ended before its
+// batch started is answered with the context's error without running.
+func (b *batcher[In, Out]) do(ctx context.Context, in In) (Out, error) {
+	c := &batchCall[In, Out]{ctx: ctx, in: in, done: make(chan struct{}), lead: make(chan []*batchCall[In, Out], 1)}
+	var batch []*batchCall[In, Out]
+	b.mu.Lock()
+	b.queue = append(b.queue, c)
+	if b.leaders < b.maxLeaders {
+		b.leaders++
+		batch = b.take()
+	}
+	b.mu.Unlock()
+	for {
+		if batch != nil {
+			b.runBatch(ctx, batch)
+			b.passLead()
+			batch = nil
+		}
+		select {
+		case <-c.done:
+			return c.out, c.err
+		case batch = <-c.lead:
+		}
+	}
+}
+
+// take removes the next batch from the front of the queue; b.mu is held.
+func (b *batcher[In, Out]) take() []*batchCall[In, Out] {
+	n := min(len(b.queue), b.maxBatch)
+	batch := make([]*batchCall[In, Out], n)
+	copy(batch, b.queue)
+	clear(b.queue[:n]) // let answered calls be collected
+	b.queue = b.queue[n:]
+	return batch
+}
+
+// passLead hands the lead, with the next batch, to the oldest queued call,
+// or gives it up when nobody waits.
+func (b *batcher[In, Out]) passLead() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.leaders--
+		return
+	}
+	next := b.take()
+	next[0].lead <- next // buffered, and each call is handed at most one batch
+}
+
+// runBatch answers every call of batch.
+func (b *batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, Out]) {
+	var live []*batchCall[In, Out]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err
+			close(c.done)
+			continue
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ins := make([]In, len(live))
+	for i, c := range live {
+		ins[i] = c.in
+	}
+	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
+	defer cancel()
+	answered := false
+	defer func() {
+		// A panic in run is a bug; it must not leave the batch's other
+		// callers waiting forever or the lead lost.
+		if r := recover(); r != nil && !answered {
+			for _, c := range live {
+				c.err = fmt.Errorf("internal error: %v", r)
+				close(c.done)
+			}
+		}
+	}()
+	out, errs := b.run(runCtx, ins)
+	answered = true
+	for i, c := range live {
+		c.out, c.err = out[i], errs[i]
+		close(c.done)
+	}
+}

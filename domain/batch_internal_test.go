@@ -1,0 +1,158 @@
+package domain
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestBatcherAnswersEveryCall: many callers at once each get their own
+// answer, batches form while the leaders are busy, and no more than
+// maxLeaders batches ever run at once.
+func TestBatcherAnswersEveryCall(t *testing.T) {
+	t.Parallel()
+	for round := 0; round < 20; round++ {
+		var running, maxRunning, batches, biggest atomic.Int64
+		b := &batcher[int, int]{maxLeaders: 3, maxBatch: 16, run: func(ctx context.Context, ins []int) ([]int, []error) {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for {
+				m := maxRunning.Load()
+				if n <= m || maxRunning.CompareAndSwap(m, n) {
+					break
+				}
+			}
+			batches.Add(1)
+			for {
+				m := biggest.Load()
+				if int64(len(ins)) <= m || biggest.CompareAndSwap(m, int64(len(ins))) {
+					break
+				}
+			}
+			time.Sleep(200 * time.Microsecond) // a transaction's worth of waiting
+			out, errs := make([]int, len(ins)), make([]error, len(ins))
+			for i, in := range ins {
+				if in%7 == 0 {
+					errs[i] = errors.New("refused")
+					continue
+				}
+				out[i] = in * 2
+			}
+			return out, errs
+		}}
+		const calls = 500
+		var wg sync.WaitGroup
+		for i := 1; i <= calls; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := b.do(context.Background(), i)
+				if i%7 == 0 {
+					if err == nil {
+						t.Errorf("call %d: no error", i)
+					}
+					return
+				}
+				if err != nil || got != i*2 {
+					t.Errorf("call %d: got %d, %v; want %d", i, got, err, i*2)
+				}
+			}()
+		}
+		wg.Wait()
+		if maxRunning.Load() > 3 {
+			t.Fatalf("%d batches ran at once; at most 3 may", maxRunning.Load())
+		}
+		if biggest.Load() > 16 {
+			t.Fatalf("a batch of %d; at most 16", biggest.Load())
+		}
+		if batches.Load() >= calls {
+			t.Fatalf("%d batches for %d calls: nothing was grouped", batches.Load(), calls)
+		}
+		b.mu.Lock()
+		if len(b.queue) != 0 || b.leaders != 0 {
+			t.Fatalf("after the last answer: %d queued, %d leaders; want none", len(b.queue), b.leaders)
+		}
+		b.mu.Unlock()
+	}
+}
+
+// TestBatcherSkipsEndedCalls: a call whose context ended while it waited
+// is answered with that error and never run; the others run.
+func TestBatcherSkipsEndedCalls(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var ran sync.Map
+	b := &batcher[int, int]{maxLeaders: 1, maxBatch: 10, run: func(ctx context.Context, ins []int) ([]int, []error) {
+		for _, in := range ins {
+			ran.Store(in, true)
+		}
+		if ins[0] == 0 {
+			<-release // the first batch holds the only lead while the others queue
+		}
+		return make([]int, len(ins)), make([]error, len(ins))
+	}}
+	first := make(chan error)
+	go func() { _, err := b.do(context.Background(), 0); first <- err }()
+	waitQueued := func(n int) {
+		for {
+			b.mu.Lock()
+			q := len(b.queue)
+			b.mu.Unlock()
+			if q == n {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitQueued(0)
+	for {
+		if _, ok := ran.Load(0); ok {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan error)
+	go func() { _, err := b.do(ctx, 1); ended <- err }()
+	live := make(chan error)
+	go func() { _, err := b.do(context.Background(), 2); live <- err }()
+	waitQueued(2)
+	cancel()
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended call: %v, want context.Canceled", err)
+	}
+	if err := <-live; err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ran.Load(1); ok {
+		t.Fatal("the ended call was run")
+	}
+	if _, ok := ran.Load(2); !ok {
+		t.Fatal("the live call was not run")
+	}
+}
+
+// TestBatcherSurvivesPanic: a panic in run answers its batch with an
+// error and hands the lead on; later calls still run.
+func TestBatcherSurvivesPanic(t *testing.T) {
+	t.Parallel()
+	b := &batcher[int, int]{maxLeaders: 1, maxBatch: 4, run: func(ctx context.Context, ins []int) ([]int, []error) {
+		if ins[0] < 0 {
+			panic("bug")
+		}
+		return ins, make([]error, len(ins))
+	}}
+	if _, err := b.do(context.Background(), -1); err == nil {
+		t.Fatal("a panicking batch answered without an error")
+	}
+	if got, err := b.do(context.Background(), 5); err != nil || got != 5 {
+		t.Fatalf("after a panic: %d, %v", got, err)
+	}
+}
