@@ -27,3 +27,9 @@ func (l *Ledger) PlaceBatchForTest(ctx context.Context, ins []PlaceOrderInput) (
 	}
 	return l.placeBatch(ctx, ins)
 }
+
+// RecordPaymentsForTest records ps as one batch, as the batcher would when
+// they arrive together.
+func (l *Ledger) RecordPaymentsForTest(ctx context.Context, ps []Payment) ([]*PaymentResult, []error) {
+	return l.recordPayments(ctx, ps)
+}

@@ -89,6 +89,7 @@ type Ledger struct {
 	Now func() time.Time
 
 	placer *batcher[PlaceOrderInput, *PlacedOrder] // group commit of PlaceOrder
+	payer  *batcher[Payment, *PaymentResult]       // group commit of RecordPayment
 }
 
 // NewLedger returns a Ledger over db (already migrated).
@@ -98,22 +99,28 @@ func NewLedger(db *bun.DB, sealer *Sealer, cfg Config, alerts Alerter) *Ledger {
 	}
 	l := &Ledger{db: db, sealer: sealer, cfg: cfg.withDefaults(), alerts: alerts, Now: time.Now}
 	l.placer = &batcher[PlaceOrderInput, *PlacedOrder]{
-		maxLeaders: placeLeaders(db),
-		maxBatch:   maxPlaceBatch,
+		maxLeaders: groupLeaders(db),
+		maxBatch:   maxGroup,
 		run:        l.placeBatch,
+	}
+	l.payer = &batcher[Payment, *PaymentResult]{
+		maxLeaders: groupLeaders(db),
+		maxBatch:   maxGroup,
+		run:        l.recordPayments,
 	}
 	return l
 }
 
-// maxPlaceBatch bounds the orders placed in one transaction: enough to
-// carry a crowd of storefronts, small enough that one transaction holds
-// its locks for milliseconds.
-const maxPlaceBatch = 64
+// maxGroup bounds the calls one shared transaction carries: enough for a
+// crowd of storefronts, small enough that it holds its locks for
+// milliseconds.
+const maxGroup = 64
 
-// placeLeaders is how many placement transactions run at once: a quarter
-// of the pool, so that payments, closes and reads keep connections while
-// the batches take turns. SQLite has one writer, and so one batch at a time.
-func placeLeaders(db *bun.DB) int {
+// groupLeaders is how many shared transactions of one kind run at once: a
+// quarter of the pool for placing and a quarter for paying, so that closes
+// and reads keep connections while the batches take turns. SQLite has one
+// writer, and so one batch at a time.
+func groupLeaders(db *bun.DB) int {
 	return max(1, db.DB.Stats().MaxOpenConnections/4)
 }
 

@@ -483,6 +483,89 @@ func byNo(rs []domain.CloseResult, no string) domain.CloseResult {
 	return domain.CloseResult{}
 }
 
+// TestRecordPaymentBatch: payments that arrive together get the outcome
+// each would get alone. The usual ones share a transaction; the others (a
+// late payment, a repeat in the same batch, a second trade, a mismatch)
+// take the one-by-one path; and when the shared transaction meets a
+// surprise, its payments are recorded one by one too, so a poisoned
+// notification fails only itself.
+func TestRecordPaymentBatch(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 300, 20)
+		order := func(qty int) *domain.Order { return b.order(t, p, qty).Order }
+		closed, paid := order(1), order(1)
+		b.pay(t, paid, "T-PAID", "N-PAID")
+		b.clock.Advance(time.Hour)
+		if _, err := b.ledger.CloseOrders(b.ctx, []string{closed.OrderNo}, domain.CloseTimeout); err != nil {
+			t.Fatal(err)
+		}
+		b.clock.Advance(-time.Hour)
+		one, two, three := order(1), order(2), order(3)
+		pay := func(o *domain.Order, trade, notify string) domain.Payment {
+			return domain.Payment{Provider: o.Provider, NotifyID: notify, OrderNo: o.OrderNo, TradeNo: trade, AmountFen: o.AmountFen, Raw: "{}"}
+		}
+		wrong := pay(three, "T-WRONG", "N-WRONG")
+		wrong.AmountFen = 1
+		batch := []domain.Payment{
+			pay(one, "T-1", "N-1"),          // 0: delivered
+			pay(two, "T-2", "N-2"),          // 1: delivered
+			pay(one, "T-1", "N-1"),          // 2: the same notification again: duplicate
+			pay(closed, "T-LATE", "N-LATE"), // 3: late: refunded
+			pay(paid, "T-AGAIN", "N-AGAIN"), // 4: a second trade: refunded
+			wrong,                           // 5: amount mismatch: refused
+			{Provider: "sandbox", NotifyID: "N-X", OrderNo: "00000000000000000000", TradeNo: "T-X", AmountFen: 300}, // 6: unknown
+			pay(three, "T-3", "N-3"), // 7: delivered
+		}
+		res, errs := b.ledger.RecordPaymentsForTest(b.ctx, batch)
+		want := []domain.PaymentOutcome{domain.PaymentDelivered, domain.PaymentDelivered, domain.PaymentDuplicate,
+			domain.PaymentLateRefund, domain.PaymentDuplicateRefunds, "", "", domain.PaymentDelivered}
+		wantErr := map[int]string{5: domain.EBADINPUT, 6: domain.ENOTFOUND}
+		for i := range batch {
+			if code, refused := wantErr[i]; refused {
+				if domain.ErrorCode(errs[i]) != code || res[i] != nil {
+					t.Errorf("payment %d: %+v, %v; want %s", i, res[i], errs[i], code)
+				}
+				continue
+			}
+			if errs[i] != nil || res[i].Outcome != want[i] || res[i].Order.OrderNo != batch[i].OrderNo {
+				t.Errorf("payment %d: %+v, %v; want %s", i, res[i], errs[i], want[i])
+			}
+		}
+		for _, o := range []*domain.Order{one, two, three} {
+			got, _ := b.ledger.Order(b.ctx, o.OrderNo)
+			if got.Status != domain.OrderPaid || got.PaidFen != o.AmountFen || got.DeliveredAt.IsZero() {
+				t.Errorf("order %s: %+v, want PAID and delivered", o.OrderNo, got)
+			}
+			if cards := b.cardStatuses(t, o.OrderNo); cards[domain.CardSold] != o.Quantity || len(cards) != 1 {
+				t.Errorf("order %s: cards %v, want %d SOLD", o.OrderNo, cards, o.Quantity)
+			}
+		}
+		if b.alerts.count("amount_mismatch") != 1 {
+			t.Errorf("alerts %v, want one amount_mismatch", b.alerts.kinds())
+		}
+		if n, _ := db.NewSelect().Table("refund_order").Count(b.ctx); n != 2 {
+			t.Errorf("%d refunds, want 2 (late, second trade)", n)
+		}
+		b.mustAudit(t)
+
+		// A notification id seen before, now on another order that is
+		// still PENDING, fails the shared insert: the batch is recorded one
+		// by one, the good payment is delivered and the replayed id
+		// changes nothing.
+		four, five := order(1), order(1)
+		res, errs = b.ledger.RecordPaymentsForTest(b.ctx, []domain.Payment{pay(four, "T-4", "N-4"), pay(five, "T-5", "N-1")})
+		if errs[0] != nil || res[0].Outcome != domain.PaymentDelivered || errs[1] != nil || res[1].Outcome != domain.PaymentDuplicate || res[1].Order.Status != domain.OrderPending {
+			t.Fatalf("poisoned batch: %+v %v, %+v %v", res[0], errs[0], res[1], errs[1])
+		}
+		if cards := b.cardStatuses(t, five.OrderNo); cards[domain.CardLocked] != 1 {
+			t.Fatalf("the replayed id moved cards: %v", cards)
+		}
+		b.mustAudit(t)
+	})
+}
+
 func TestLatePaymentRefunds(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -56,29 +57,182 @@ const maxRawNotification = 64 << 10
 //
 // NOT_FOUND (unknown order), BAD_INPUT (amount or provider does not match:
 // nothing is recorded and an alert is raised).
+//
+// Payments that arrive together are recorded together (see batcher and
+// recordPayments); each gets its own outcome.
 func (l *Ledger) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, error) {
 	if p.OrderNo == "" || p.TradeNo == "" || len(p.TradeNo) > 64 || p.Provider == "" {
 		return nil, Errorf(EBADINPUT, "a payment needs an order number, a trade number and a provider")
 	}
-	o, err := l.Order(ctx, p.OrderNo)
-	if err != nil {
-		return nil, err
+	return l.payer.do(ctx, p)
+}
+
+// recordPayments records a batch of payments. The usual payment, for an
+// order that is still PENDING, is delivered together with the others like
+// it in one transaction of a fixed number of statements. Every other
+// payment (late, repeated, second trade), and every usual one should that
+// transaction fail for any reason, is recorded alone by recordOne, which
+// decides each case; the shared transaction only ever does what recordOne
+// would have done for each of its payments.
+func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentResult, []error) {
+	results, errs := make([]*PaymentResult, len(ps)), make([]error, len(ps))
+	nos := make([]string, len(ps))
+	for i, p := range ps {
+		nos[i] = p.OrderNo
 	}
+	var read []Order
+	if err := l.db.NewSelect().Model(&read).Where("order_no IN (?)", bun.In(uniqueSorted(nos))).Scan(ctx); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return results, errs
+	}
+	orders := make(map[string]Order, len(read))
+	for _, o := range read {
+		orders[o.OrderNo] = o
+	}
+
+	var usual, others []int
+	inBatch := map[string]bool{}
+	for i, p := range ps {
+		o, ok := orders[p.OrderNo]
+		if !ok {
+			errs[i] = Errorf(ENOTFOUND, "order %s not found", p.OrderNo)
+			continue
+		}
+		if errs[i] = l.checkPayment(ctx, p, o); errs[i] != nil {
+			continue
+		}
+		if o.Status == OrderPending && !inBatch[p.OrderNo] {
+			inBatch[p.OrderNo] = true
+			usual = append(usual, i)
+		} else {
+			others = append(others, i) // after the batch: a repeat then finds its order paid
+		}
+	}
+	if len(usual) > 0 {
+		err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+			return l.deliverPaid(ctx, tx, ps, usual, orders, results)
+		})
+		if err != nil {
+			clear(results)
+			others = append(usual, others...)
+		}
+	}
+	for _, i := range others {
+		results[i], errs[i] = l.recordOne(ctx, ps[i], orders[ps[i].OrderNo])
+	}
+	return results, errs
+}
+
+// checkPayment refuses, with an alert, a payment that does not match its
+// order: the money or the provider is not what the order asked for.
+func (l *Ledger) checkPayment(ctx context.Context, p Payment, o Order) error {
 	if o.Provider != p.Provider {
 		l.alerts.Alert(ctx, Alert{Kind: "provider_mismatch", Subject: p.OrderNo,
 			Message: fmt.Sprintf("payment through %s for an order placed with %s", p.Provider, o.Provider)})
-		return nil, Errorf(EBADINPUT, "order %s is not paid through %s", p.OrderNo, p.Provider)
+		return Errorf(EBADINPUT, "order %s is not paid through %s", p.OrderNo, p.Provider)
 	}
 	if p.AmountFen != o.AmountFen {
 		l.alerts.Alert(ctx, Alert{Kind: "amount_mismatch", Subject: p.OrderNo,
 			Message: fmt.Sprintf("%s reported %s paid for an order of %s (trade %s)", p.Provider, money.Format(p.AmountFen), money.Format(o.AmountFen), p.TradeNo)})
-		return nil, Errorf(EBADINPUT, "amount %s does not match order %s", money.Format(p.AmountFen), p.OrderNo)
+		return Errorf(EBADINPUT, "amount %s does not match order %s", money.Format(p.AmountFen), p.OrderNo)
 	}
+	return nil
+}
+
+// errNotUsual rolls back a shared delivery that met something unusual (an
+// order no longer PENDING, cards not where they should be): its payments
+// are then recorded one by one, and each finds its own outcome.
+var errNotUsual = errors.New("a payment of the batch is not the usual case")
+
+// deliverPaid records the payments ps[at...] of orders read as PENDING, as
+// recordPayment's usual case does for one: the notifications, the orders
+// PENDING → PAID and their cards LOCKED → SOLD, the journal. The orders'
+// rows are locked in order_no order, as the close path locks them.
+func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []int, orders map[string]Order, results []*PaymentResult) error {
+	now := l.now()
+	var (
+		notes         []Notification
+		nos           []string
+		flows         []StockFlow
+		cards         int64
+		trade, fen, t []any // CASE arms: order number, then its value
+	)
+	for _, i := range at {
+		p, o := ps[i], orders[ps[i].OrderNo]
+		notes = append(notes, paymentNotification(p, now))
+		nos = append(nos, p.OrderNo)
+		flows = append(flows, StockFlow{ProductID: o.ProductID, OrderNo: o.OrderNo, ChangeType: FlowSell, Quantity: o.Quantity})
+		cards += int64(o.Quantity)
+		trade = append(trade, p.OrderNo, p.TradeNo)
+		fen = append(fen, p.OrderNo, p.AmountFen)
+		t = append(t, p.OrderNo, paidAt(p, now))
+	}
+	if _, err := tx.NewInsert().Model(&notes).Exec(ctx); err != nil {
+		if isUniqueViolation(err) {
+			return errNotUsual // a notification seen before
+		}
+		return err
+	}
+	byOrderNo := func(column string) string {
+		return column + " = CASE order_no" + strings.Repeat(" WHEN ? THEN ?", len(at)) + " END"
+	}
+	n, err := apply(ctx, tx, OrderPay, now, whereOrderNos(nos),
+		col(byOrderNo("trade_no"), trade...), col(byOrderNo("paid_fen"), fen...), col(byOrderNo("paid_at"), t...),
+		col("delivered_at = ?", now))
+	if err != nil {
+		return err
+	}
+	if n != int64(len(at)) {
+		return errNotUsual // an order closed (or paid) since it was read
+	}
+	if n, err = apply(ctx, tx, CardSell, now, whereOrderNos(nos), col("sold_at = ?", now)); err != nil {
+		return err
+	}
+	if n != cards {
+		return errNotUsual // recordOne finds which order, and says INCONSISTENT
+	}
+	if err := writeFlow(ctx, tx, now, flows...); err != nil {
+		return err
+	}
+	for _, i := range at {
+		p, o := ps[i], orders[ps[i].OrderNo]
+		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt(p, now), now, now
+		results[i] = &PaymentResult{Outcome: PaymentDelivered, Order: &o}
+	}
+	return nil
+}
+
+// paidAt is when the provider says p was paid, as the database keeps it;
+// now when it does not say.
+func paidAt(p Payment, now time.Time) time.Time {
+	if p.PaidAt.IsZero() {
+		return now
+	}
+	return p.PaidAt.UTC().Truncate(time.Microsecond)
+}
+
+// paymentNotification is the row that records p once: its dedup key is the
+// provider's notification id, or the trade when there is none.
+func paymentNotification(p Payment, now time.Time) Notification {
+	dedup := p.NotifyID
+	if dedup == "" {
+		dedup = "trade:" + p.TradeNo
+	}
+	return Notification{Provider: p.Provider, DedupKey: truncate(dedup, 128), Kind: "PAYMENT",
+		OrderNo: p.OrderNo, TradeNo: p.TradeNo, AmountFen: p.AmountFen, Raw: truncate(p.Raw, maxRawNotification),
+		Result: "RECEIVED", ReceivedAt: now}
+}
+
+// recordOne records one payment in a transaction of its own; o is its
+// order as read before.
+func (l *Ledger) recordOne(ctx context.Context, p Payment, o Order) (*PaymentResult, error) {
 	var res *PaymentResult
 	var alerts []Alert
-	err = inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var err error
-		res, alerts, err = l.recordPayment(ctx, tx, p, *o)
+		res, alerts, err = l.recordPayment(ctx, tx, p, o)
 		return err
 	})
 	for _, a := range alerts {
@@ -103,19 +257,11 @@ func (l *Ledger) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, 
 // by every conditional update here.
 func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Order) (*PaymentResult, []Alert, error) {
 	now := l.now()
-	paidAt := p.PaidAt.UTC().Truncate(time.Microsecond)
-	if paidAt.IsZero() {
-		paidAt = now
-	}
-	dedup := p.NotifyID
-	if dedup == "" {
-		dedup = "trade:" + p.TradeNo
-	}
-	if err := recordNotification(ctx, tx, now, Notification{Provider: p.Provider, DedupKey: dedup, Kind: "PAYMENT",
-		OrderNo: p.OrderNo, TradeNo: p.TradeNo, AmountFen: p.AmountFen, Raw: p.Raw, Result: "RECEIVED"}); err != nil {
+	paid := paidAt(p, now)
+	if err := recordNotification(ctx, tx, now, paymentNotification(p, now)); err != nil {
 		return nil, nil, err
 	}
-	paidCols := []column{col("trade_no = ?", p.TradeNo), col("paid_fen = ?", p.AmountFen), col("paid_at = ?", paidAt)}
+	paidCols := []column{col("trade_no = ?", p.TradeNo), col("paid_fen = ?", p.AmountFen), col("paid_at = ?", paid)}
 
 	// The usual case: the order still holds its cards.
 	n, err := apply(ctx, tx, OrderPay, now, whereOrderNo(p.OrderNo), append(paidCols, col("delivered_at = ?", now))...)
@@ -123,7 +269,7 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 		return nil, nil, err
 	}
 	if n == 1 {
-		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt, now, now
+		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paid, now, now
 		if err := l.sellLocked(ctx, tx, &o, now); err != nil {
 			return nil, nil, err
 		}
