@@ -476,6 +476,14 @@ type CloseResult struct {
 // LOCKED cards → RECYCLED, one stock journal entry (type 3) per order.
 // Orders already moved on are skipped, so running a batch twice is harmless.
 func (l *Ledger) CloseOrders(ctx context.Context, orderNos []string, reason CloseReason) ([]CloseResult, error) {
+	return l.closeDueBy(ctx, orderNos, reason, time.Time{})
+}
+
+// closeDueBy is CloseOrders where, for CloseTimeout, an order is due when
+// it expired by dueBy (zero: by the transaction's own now). The Shop passes
+// the time its pre-close check used, so that an order expiring between the
+// check and the transaction is never closed unchecked.
+func (l *Ledger) closeDueBy(ctx context.Context, orderNos []string, reason CloseReason, dueBy time.Time) ([]CloseResult, error) {
 	nos := uniqueSorted(orderNos)
 	if len(nos) == 0 {
 		return nil, nil
@@ -484,7 +492,7 @@ func (l *Ledger) CloseOrders(ctx context.Context, orderNos []string, reason Clos
 	var alerts []Alert
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var err error
-		results, alerts, err = l.closeOrders(ctx, tx, nos, reason)
+		results, alerts, err = l.closeOrders(ctx, tx, nos, reason, dueBy)
 		return err
 	})
 	if err != nil {
@@ -496,8 +504,11 @@ func (l *Ledger) CloseOrders(ctx context.Context, orderNos []string, reason Clos
 	return results, nil
 }
 
-func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason) ([]CloseResult, []Alert, error) {
+func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy time.Time) ([]CloseResult, []Alert, error) {
 	now := l.now()
+	if dueBy.IsZero() || dueBy.After(now) {
+		dueBy = now
+	}
 	var orders []Order
 	// Row locks, taken in order_no order, hold off a payment for these
 	// orders until the batch commits; the payment then finds them CLOSED.
@@ -519,7 +530,7 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 			results = append(results, CloseResult{OrderNo: no, Outcome: CloseMissing})
 		case o.Status != OrderPending:
 			results = append(results, CloseResult{OrderNo: no, Outcome: CloseSkipped, Status: o.Status, ProductID: o.ProductID, ExpiresAt: o.ExpiresAt})
-		case reason == CloseTimeout && o.ExpiresAt.After(now):
+		case reason == CloseTimeout && o.ExpiresAt.After(dueBy):
 			results = append(results, CloseResult{OrderNo: no, Outcome: CloseNotDue, Status: o.Status, ProductID: o.ProductID, ExpiresAt: o.ExpiresAt})
 		default:
 			closing = append(closing, no)

@@ -217,10 +217,12 @@ func (s *Shop) CancelOrder(ctx context.Context, orderNo, token string) (*Order, 
 // gives the released cards back to the stock gate and tells subscribers.
 // With PreCloseCheck, due orders are first checked at their provider.
 func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseReason) ([]CloseResult, error) {
+	var dueBy time.Time
 	if s.PreCloseCheck && reason == CloseTimeout {
-		orderNos = s.preClose(ctx, orderNos)
+		dueBy = s.Ledger.now()
+		orderNos = s.preClose(ctx, orderNos, dueBy)
 	}
-	rs, err := s.Ledger.CloseOrders(ctx, orderNos, reason)
+	rs, err := s.Ledger.closeDueBy(ctx, orderNos, reason, dueBy)
 	if err != nil {
 		s.observer().CloseFailed(len(orderNos))
 		return nil, err
@@ -257,7 +259,7 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 // one is recorded as paid (it drops out of the batch), an unpaid one is
 // closed at the provider so it can no longer be paid. A provider that fails
 // to answer never holds up the close: a payment after the close is refunded.
-func (s *Shop) preClose(ctx context.Context, orderNos []string) []string {
+func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time) []string {
 	timeout := s.ProviderTimeout
 	if timeout <= 0 {
 		timeout = 3 * time.Second
@@ -266,7 +268,7 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string) []string {
 	var due []Order
 	if err := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "provider", "status", "expires_at").
 		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", OrderPending).
-		Where("expires_at <= ?", s.Ledger.now()).Scan(ctx); err != nil {
+		Where("expires_at <= ?", dueBy).Scan(ctx); err != nil {
 		s.log().WarnContext(ctx, "trade checks before close skipped", "err", err)
 	}
 	dueByNo := make(map[string]*Order, len(due))
