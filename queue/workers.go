@@ -27,8 +27,14 @@ type Config struct {
 	SweepPage      int           // pending orders per sweeper page; default 1000
 	// WakeCap is the longest the close waker sleeps without looking at the
 	// queue's head (members scheduled by other processes); default 200ms.
-	WakeCap    time.Duration
-	MaxBackoff time.Duration // longest pause after Redis or database errors; default 5s
+	WakeCap time.Duration
+	// CloseGather is the least time between two drains of the waker. Under
+	// load orders fall due a millisecond apart; draining each at once would
+	// close them one transaction apiece. Waiting this long lets them gather
+	// into batches, at the price of this much more due-to-closed lag;
+	// default 50ms.
+	CloseGather time.Duration
+	MaxBackoff  time.Duration // longest pause after Redis or database errors; default 5s
 	// Now is the clock; default the ledger's.
 	Now func() time.Time
 }
@@ -54,6 +60,7 @@ func (c Config) withDefaults(l *domain.Ledger) Config {
 	defD(&c.RecoverEvery, 5*time.Second)
 	defD(&c.SweepEvery, time.Minute)
 	defD(&c.WakeCap, 200*time.Millisecond)
+	defD(&c.CloseGather, 50*time.Millisecond)
 	defD(&c.MaxBackoff, 5*time.Second)
 	if c.Now == nil {
 		c.Now = func() time.Time { return l.Now() }
@@ -358,6 +365,7 @@ func (w *Workers) observe(lat time.Duration) {
 // WakeCap) and drains then, so an order closes just after its due time
 // instead of up to a cron tick later.
 func (w *Workers) waker() {
+	var drained time.Time
 	for !w.stopping() {
 		sleep := w.cfg.WakeCap
 		due, ok, err := w.closeQ.NextDue(w.ctx)
@@ -367,10 +375,15 @@ func (w *Workers) waker() {
 			sleep = max(sleep, w.closeBO.fail())
 		case ok:
 			if d := due.Sub(w.cfg.Now()); d <= 0 {
-				if !w.closeBO.ready() {
+				if gather := w.cfg.CloseGather - time.Since(drained); gather > 0 {
+					sleep = gather
+				} else if !w.closeBO.ready() {
 					sleep = w.closeBO.wait()
-				} else if w.drainClose() {
-					continue
+				} else {
+					drained = time.Now()
+					if w.drainClose() {
+						continue
+					}
 				}
 			} else {
 				sleep = min(d, sleep)
