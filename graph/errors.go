@@ -18,7 +18,7 @@ import (
 const (
 	codeParseFailed      = "GRAPHQL_PARSE_FAILED"      // the query does not parse
 	codeValidationFailed = "GRAPHQL_VALIDATION_FAILED" // unknown field, wrong argument or variable type, ...
-	codeTooComplex       = "COMPLEXITY_LIMIT_EXCEEDED" // gqlgen's FixedComplexityLimit
+	codeTooComplex       = "COMPLEXITY_LIMIT_EXCEEDED" // as gqlgen's FixedComplexityLimit (see complexityLimit)
 	codeTooDeep          = "DEPTH_LIMIT_EXCEEDED"
 	codeBadRequest       = "BAD_REQUEST"       // not a GraphQL request: bad JSON, bad method, subscription over HTTP
 	codeBodyTooLarge     = "PAYLOAD_TOO_LARGE" // the body is over Config.MaxBodyBytes

@@ -149,7 +149,7 @@ func NewHandler(cfg Config) http.Handler {
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.Use(extension.Introspection{})
 	srv.Use(depthLimit{max: cfg.MaxDepth})
-	srv.Use(extension.FixedComplexityLimit(cfg.MaxComplexity))
+	srv.Use(newComplexityLimit(cfg.MaxComplexity))
 	srv.SetErrorPresenter(presenter(cfg.Logger))
 	srv.SetRecoverFunc(recoverer(cfg.Logger))
 	// Loaders are made per response: one per query or mutation, one per

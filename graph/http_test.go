@@ -3,6 +3,7 @@ package graph_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -86,6 +87,13 @@ func TestHTTP(t *testing.T) {
 
 	deep := `{ orders { edges { node { product { id } } } } }` // depth 5
 	tooDeep := `{ refunds { edges { node { order { product { id } } } } } }`
+	pageQuery := `query($n: Int) { orders(first: $n) { edges { node { orderNo status amount product { id name } } } } }`
+	var wide strings.Builder // 101 lists of products at 2 each: 202, over 200
+	wide.WriteString("{")
+	for i := range 101 {
+		fmt.Fprintf(&wide, " p%d: products { id }", i)
+	}
+	wide.WriteString(" }")
 	cases := []struct {
 		name        string
 		do          func() httpResult
@@ -126,6 +134,17 @@ func TestHTTP(t *testing.T) {
 		{"too complex", func() httpResult {
 			return post(t, srv, gqlResp, appJSON, body(`{ orders(first: 100) { edges { node { orderNo status amount product { id name } } } } }`, nil), "Authorization", string(admin))
 		}, 400, gqlResp, "COMPLEXITY_LIMIT_EXCEEDED"},
+		// A page size from a variable is priced per request, though the
+		// document is the same.
+		{"page from a variable", func() httpResult {
+			return post(t, srv, gqlResp, appJSON, body(pageQuery, map[string]any{"n": 1}), "Authorization", string(admin))
+		}, 200, gqlResp, ""},
+		{"too complex page from a variable", func() httpResult {
+			return post(t, srv, gqlResp, appJSON, body(pageQuery, map[string]any{"n": 100}), "Authorization", string(admin))
+		}, 400, gqlResp, "COMPLEXITY_LIMIT_EXCEEDED"},
+		// A price that no variable changes is kept: asked twice, refused twice.
+		{"too complex, fixed price", func() httpResult { return post(t, srv, gqlResp, appJSON, body(wide.String(), nil)) }, 400, gqlResp, "COMPLEXITY_LIMIT_EXCEEDED"},
+		{"too complex, fixed price again", func() httpResult { return post(t, srv, gqlResp, appJSON, body(wide.String(), nil)) }, 400, gqlResp, "COMPLEXITY_LIMIT_EXCEEDED"},
 		{"body too large", func() httpResult {
 			return post(t, srv, gqlResp, appJSON, body(`{ products { id } }`+strings.Repeat(" ", 5000), nil))
 		}, 413, gqlResp, "PAYLOAD_TOO_LARGE"},
