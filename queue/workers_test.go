@@ -1,7 +1,10 @@
 package queue_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +108,46 @@ func TestWorkersCloseWellUnderASecondAfterDue(t *testing.T) {
 	// BenchmarkDueToClosedLatency.
 	if max := time.Duration(st.LatencyMaxNS); max > 750*time.Millisecond {
 		t.Errorf("worst due-to-closed latency %s, want well under a second", max)
+	}
+}
+
+// TestWorkersGatherDueOrdersIntoBatches: orders falling due a few
+// milliseconds apart are closed in a few transactions, not one each: the
+// waker waits CloseGather between drains.
+func TestWorkersGatherDueOrdersIntoBatches(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Open(t, redistest.Mini)
+	db := dbtest.Open(t, dbtest.SQLite)
+	closes := &closeCounter{}
+	db.AddQueryHook(closes)
+	e := newEnv(t, db, rs, domain.Config{OrderTTL: 500 * time.Millisecond})
+	e.ledger.Now = time.Now // real time: the waker's timing is what is tested
+	p := e.product(t, 20)
+	w := e.workers(t, queue.Config{WakeCap: time.Second, CloseGather: 400 * time.Millisecond})
+	for i := range 20 {
+		if _, err := e.placeViaShop(t, p, fmt.Sprintf("b%d@example.com", i)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	eventually(t, 10*time.Second, "all closed", func() bool { return pendingCount(t, db) == 0 && w.Stats().Closed == 20 })
+	// Two drains gather the twenty (the first order, then the rest); the
+	// once-a-second cron drain may add one. One per order would be 20.
+	if n := closes.n.Load(); n > 3 {
+		t.Errorf("20 orders due over 100ms closed in %d transactions, want at most 3", n)
+	}
+}
+
+// closeCounter counts the statements that close orders.
+type closeCounter struct{ n atomic.Int64 }
+
+func (c *closeCounter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
+	return ctx
+}
+
+func (c *closeCounter) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
+	if strings.HasPrefix(ev.Query, `UPDATE "orders" SET status = 'CLOSED'`) {
+		c.n.Add(1)
 	}
 }
 
