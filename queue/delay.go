@@ -21,12 +21,15 @@ type DelayQueue struct {
 	rdb   redis.UniversalClient
 	queue string
 	lease string
+	// pipe carries Schedule's ZADDs, with whatever else goes to rdb at the
+	// time: the orders of one batch are scheduled in one round trip.
+	pipe *sharedPipe
 }
 
 // NewDelayQueue returns the queue at key queue with its lease set at lease;
 // both must share a hash tag (see Keys).
 func NewDelayQueue(rdb redis.UniversalClient, queue, lease string) *DelayQueue {
-	return &DelayQueue{rdb: rdb, queue: queue, lease: lease}
+	return &DelayQueue{rdb: rdb, queue: queue, lease: lease, pipe: pipeFor(rdb)}
 }
 
 // CloseQueue is the order-close queue under keys.
@@ -52,7 +55,9 @@ func fromMS(v float64) time.Time { return time.UnixMilli(int64(v)).UTC() }
 // Schedule puts member on the queue, due at due. Scheduling again moves
 // its due time; it never makes a second task.
 func (q *DelayQueue) Schedule(ctx context.Context, member string, due time.Time) error {
-	return q.rdb.ZAdd(ctx, q.queue, redis.Z{Score: float64(ms(due)), Member: member}).Err()
+	return send(ctx, q.pipe, func(p redis.Pipeliner) *redis.IntCmd {
+		return p.ZAdd(ctx, q.queue, redis.Z{Score: float64(ms(due)), Member: member})
+	}).Err()
 }
 
 // Item is a member and its due time.

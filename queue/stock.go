@@ -25,6 +25,9 @@ import (
 type StockGate struct {
 	rdb  redis.UniversalClient
 	keys Keys
+	// pipe carries the takes, with whatever else goes to rdb at the time:
+	// buyers who arrive together take in one round trip.
+	pipe *sharedPipe
 	// count returns the lockable cards of a product from the database.
 	count func(ctx context.Context, productID int64) (int, error)
 	group singleflight.Group
@@ -53,7 +56,7 @@ func NewStockGate(rdb redis.UniversalClient, keys Keys, ledger *domain.Ledger) *
 }
 
 func newStockGate(rdb redis.UniversalClient, keys Keys, count func(context.Context, int64) (int, error)) *StockGate {
-	return &StockGate{rdb: rdb, keys: keys, count: count, RebuildWait: 5 * time.Second}
+	return &StockGate{rdb: rdb, keys: keys, pipe: pipeFor(rdb), count: count, RebuildWait: 5 * time.Second}
 }
 
 // Rebuilds is how many times this process counted a product's stock in the
@@ -75,7 +78,7 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 		}
 	}
 	for attempt := 0; ; attempt++ {
-		r, err := takeScript.Run(ctx, g.rdb, []string{key}, qty).Int()
+		r, err := g.take(ctx, key, qty)
 		if err != nil {
 			// The take may have happened with its answer lost.
 			g.markDirty(productID)
@@ -91,6 +94,19 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 			return false, err
 		}
 	}
+}
+
+// take runs takeScript through the shared pipeline. A pipeline cannot
+// fall back from EVALSHA to EVAL on its own: a Redis that does not know
+// the script yet (new, restarted, flushed) did not run it, and it is sent
+// again alone, as Script.Run does.
+func (g *StockGate) take(ctx context.Context, key string, qty int) (int, error) {
+	keys := []string{key}
+	cmd := send(ctx, g.pipe, func(p redis.Pipeliner) *redis.Cmd { return takeScript.EvalSha(ctx, p, keys, qty) })
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = takeScript.Run(ctx, g.rdb, keys, qty)
+	}
+	return cmd.Int()
 }
 
 // GiveBack returns qty to the product's counter, if the counter exists; a
