@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/uptrace/bun"
+
+	"kami/domain/group"
 )
 
 // LatePaymentPolicy says what happens to a payment for a CLOSED order.
@@ -88,8 +90,8 @@ type Ledger struct {
 	// keeps exactly (see now()).
 	Now func() time.Time
 
-	placer *batcher[PlaceOrderInput, *PlacedOrder] // group commit of PlaceOrder
-	payer  *batcher[Payment, *PaymentResult]       // group commit of RecordPayment
+	placer *group.Batcher[PlaceOrderInput, *PlacedOrder] // group commit of PlaceOrder
+	payer  *group.Batcher[Payment, *PaymentResult]       // group commit of RecordPayment
 }
 
 // NewLedger returns a Ledger over db (already migrated).
@@ -98,16 +100,8 @@ func NewLedger(db *bun.DB, sealer *Sealer, cfg Config, alerts Alerter) *Ledger {
 		alerts = LogAlerter{}
 	}
 	l := &Ledger{db: db, sealer: sealer, cfg: cfg.withDefaults(), alerts: alerts, Now: time.Now}
-	l.placer = &batcher[PlaceOrderInput, *PlacedOrder]{
-		maxLeaders: groupLeaders(db),
-		maxBatch:   maxGroup,
-		run:        l.placeBatch,
-	}
-	l.payer = &batcher[Payment, *PaymentResult]{
-		maxLeaders: groupLeaders(db),
-		maxBatch:   maxGroup,
-		run:        l.recordPayments,
-	}
+	l.placer = &group.Batcher[PlaceOrderInput, *PlacedOrder]{MaxLeaders: groupLeaders(db), MaxBatch: maxGroup, Run: l.placeBatch}
+	l.payer = &group.Batcher[Payment, *PaymentResult]{MaxLeaders: groupLeaders(db), MaxBatch: maxGroup, Run: l.recordPayments}
 	return l
 }
 

@@ -73,7 +73,7 @@ type PlacedOrder struct {
 // BAD_INPUT, NOT_FOUND (no such product on sale), SOLD_OUT, LIMIT_EXCEEDED,
 // CONFLICT (an idempotency key reused for a different order).
 //
-// Orders placed at the same moment share that transaction (see batcher):
+// Orders placed at the same moment share that transaction (see group.Batcher):
 // each is decided on its own, and one refused order never fails another.
 func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, error) {
 	if err := in.normalize(); err != nil {
@@ -84,7 +84,7 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 			return placed, err
 		}
 	}
-	return l.placer.do(ctx, in)
+	return l.placer.Do(ctx, in)
 }
 
 // placeBatch places a batch of normalized orders in one transaction. Should

@@ -58,13 +58,13 @@ const maxRawNotification = 64 << 10
 // NOT_FOUND (unknown order), BAD_INPUT (amount or provider does not match:
 // nothing is recorded and an alert is raised).
 //
-// Payments that arrive together are recorded together (see batcher and
-// recordPayments); each gets its own outcome.
+// Payments that arrive together are recorded together (see group.Batcher
+// and recordPayments); each gets its own outcome.
 func (l *Ledger) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, error) {
 	if p.OrderNo == "" || p.TradeNo == "" || len(p.TradeNo) > 64 || p.Provider == "" {
 		return nil, Errorf(EBADINPUT, "a payment needs an order number, a trade number and a provider")
 	}
-	return l.payer.do(ctx, p)
+	return l.payer.Do(ctx, p)
 }
 
 // recordPayments records a batch of payments. The usual payment, for an

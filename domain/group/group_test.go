@@ -1,4 +1,4 @@
-package domain
+package group
 
 import (
 	"context"
@@ -9,14 +9,14 @@ import (
 	"time"
 )
 
-// TestBatcherAnswersEveryCall: many callers at once each get their own
+// TestAnswersEveryCall: many callers at once each get their own
 // answer, batches form while the leaders are busy, and no more than
 // maxLeaders batches ever run at once.
-func TestBatcherAnswersEveryCall(t *testing.T) {
+func TestAnswersEveryCall(t *testing.T) {
 	t.Parallel()
 	for round := 0; round < 20; round++ {
 		var running, maxRunning, batches, biggest atomic.Int64
-		b := &batcher[int, int]{maxLeaders: 3, maxBatch: 16, run: func(ctx context.Context, ins []int) ([]int, []error) {
+		b := &Batcher[int, int]{MaxLeaders: 3, MaxBatch: 16, Run: func(ctx context.Context, ins []int) ([]int, []error) {
 			n := running.Add(1)
 			defer running.Add(-1)
 			for {
@@ -49,7 +49,7 @@ func TestBatcherAnswersEveryCall(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got, err := b.do(context.Background(), i)
+				got, err := b.Do(context.Background(), i)
 				if i%7 == 0 {
 					if err == nil {
 						t.Errorf("call %d: no error", i)
@@ -79,13 +79,13 @@ func TestBatcherAnswersEveryCall(t *testing.T) {
 	}
 }
 
-// TestBatcherSkipsEndedCalls: a call whose context ended while it waited
+// TestSkipsEndedCalls: a call whose context ended while it waited
 // is answered with that error and never run; the others run.
-func TestBatcherSkipsEndedCalls(t *testing.T) {
+func TestSkipsEndedCalls(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
 	var ran sync.Map
-	b := &batcher[int, int]{maxLeaders: 1, maxBatch: 10, run: func(ctx context.Context, ins []int) ([]int, []error) {
+	b := &Batcher[int, int]{MaxLeaders: 1, MaxBatch: 10, Run: func(ctx context.Context, ins []int) ([]int, []error) {
 		for _, in := range ins {
 			ran.Store(in, true)
 		}
@@ -95,7 +95,7 @@ func TestBatcherSkipsEndedCalls(t *testing.T) {
 		return make([]int, len(ins)), make([]error, len(ins))
 	}}
 	first := make(chan error)
-	go func() { _, err := b.do(context.Background(), 0); first <- err }()
+	go func() { _, err := b.Do(context.Background(), 0); first <- err }()
 	waitQueued := func(n int) {
 		for {
 			b.mu.Lock()
@@ -116,9 +116,9 @@ func TestBatcherSkipsEndedCalls(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ended := make(chan error)
-	go func() { _, err := b.do(ctx, 1); ended <- err }()
+	go func() { _, err := b.Do(ctx, 1); ended <- err }()
 	live := make(chan error)
-	go func() { _, err := b.do(context.Background(), 2); live <- err }()
+	go func() { _, err := b.Do(context.Background(), 2); live <- err }()
 	waitQueued(2)
 	cancel()
 	close(release)
@@ -139,20 +139,20 @@ func TestBatcherSkipsEndedCalls(t *testing.T) {
 	}
 }
 
-// TestBatcherSurvivesPanic: a panic in run answers its batch with an
+// TestSurvivesPanic: a panic in Run answers its batch with an
 // error and hands the lead on; later calls still run.
-func TestBatcherSurvivesPanic(t *testing.T) {
+func TestSurvivesPanic(t *testing.T) {
 	t.Parallel()
-	b := &batcher[int, int]{maxLeaders: 1, maxBatch: 4, run: func(ctx context.Context, ins []int) ([]int, []error) {
+	b := &Batcher[int, int]{MaxLeaders: 1, MaxBatch: 4, Run: func(ctx context.Context, ins []int) ([]int, []error) {
 		if ins[0] < 0 {
 			panic("bug")
 		}
 		return ins, make([]error, len(ins))
 	}}
-	if _, err := b.do(context.Background(), -1); err == nil {
+	if _, err := b.Do(context.Background(), -1); err == nil {
 		t.Fatal("a panicking batch answered without an error")
 	}
-	if got, err := b.do(context.Background(), 5); err != nil || got != 5 {
+	if got, err := b.Do(context.Background(), 5); err != nil || got != 5 {
 		t.Fatalf("after a panic: %d, %v", got, err)
 	}
 }

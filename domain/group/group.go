@@ -1,4 +1,8 @@
-package domain
+// Package group gathers calls that arrive while earlier ones are being
+// served into batches, and serves each batch at once: group commit. The
+// ledger places orders and records payments this way, one transaction per
+// batch; the Redis layer sends commands this way, one round trip per batch.
+package group
 
 import (
 	"context"
@@ -7,26 +11,27 @@ import (
 	"time"
 )
 
-// batcher is group commit: calls that arrive while the database is busy
-// with earlier ones are queued and run together, as one transaction, by
-// whichever caller leads next. Under load one transaction carries many
-// orders, so the database parses, plans and commits a handful of set-based
-// statements for all of them instead of a handful for each; an idle shop
-// pays nothing, since a lone call leads at once and runs alone.
+// Batcher is group commit: calls that arrive while earlier batches are
+// being served are queued and served together by whichever caller leads
+// next. Under load one batch carries many calls, so the fixed cost of
+// serving one (a transaction's statements and commit, a Redis round trip)
+// is paid once for all of them; an idle caller pays nothing, since a lone
+// call leads at once and is served alone.
 //
 // There are no goroutines of its own. A caller that finds fewer than
-// maxLeaders batches running leads: it takes up to maxBatch queued calls
+// MaxLeaders batches running leads: it takes up to MaxBatch queued calls
 // from the front and runs them. When it is done it hands the lead on
 // together with the next batch, which it takes out of the queue for the
 // call at its front; with the queue empty it gives the lead up. A call
 // that is handed the lead is in the batch it is handed, so every lead ends
 // in a run, no call is left behind, and no leader serves forever.
-type batcher[In, Out any] struct {
-	maxLeaders int
-	maxBatch   int
-	// run answers every call of one batch: out[i] and errs[i] belong to
-	// ins[i]. It runs under a context that outlives the leader's request.
-	run func(ctx context.Context, ins []In) (out []Out, errs []error)
+type Batcher[In, Out any] struct {
+	MaxLeaders int // batches served at once; at least 1
+	MaxBatch   int // calls in one batch; 0: no limit
+	// Run answers every call of one batch: out[i] and errs[i] belong to
+	// ins[i]. It runs under a context that outlives the leader's request,
+	// bounded by Timeout.
+	Run func(ctx context.Context, ins []In) (out []Out, errs []error)
 
 	mu      sync.Mutex
 	queue   []*batchCall[In, Out]
@@ -42,19 +47,19 @@ type batchCall[In, Out any] struct {
 	lead chan []*batchCall[In, Out] // the batch this call is to lead
 }
 
-// batchTimeout bounds one batch's work. A batch runs for callers other
-// than its leader, so it must not stop when the leader's request does.
-const batchTimeout = 30 * time.Second
+// Timeout bounds one batch's work. A batch runs for callers other than its
+// leader, so it must not stop when the leader's request does.
+const Timeout = 30 * time.Second
 
-// do queues in and returns its answer. It never abandons a queued call: a
+// Do queues in and returns its answer. It never abandons a queued call: a
 // batch takes milliseconds, and a call whose context ended before its
 // batch started is answered with the context's error without running.
-func (b *batcher[In, Out]) do(ctx context.Context, in In) (Out, error) {
+func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 	c := &batchCall[In, Out]{ctx: ctx, in: in, done: make(chan struct{}), lead: make(chan []*batchCall[In, Out], 1)}
 	var batch []*batchCall[In, Out]
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
-	if b.leaders < b.maxLeaders {
+	if b.leaders < max(b.MaxLeaders, 1) {
 		b.leaders++
 		batch = b.take()
 	}
@@ -74,8 +79,11 @@ func (b *batcher[In, Out]) do(ctx context.Context, in In) (Out, error) {
 }
 
 // take removes the next batch from the front of the queue; b.mu is held.
-func (b *batcher[In, Out]) take() []*batchCall[In, Out] {
-	n := min(len(b.queue), b.maxBatch)
+func (b *Batcher[In, Out]) take() []*batchCall[In, Out] {
+	n := len(b.queue)
+	if b.MaxBatch > 0 {
+		n = min(n, b.MaxBatch)
+	}
 	batch := make([]*batchCall[In, Out], n)
 	copy(batch, b.queue)
 	clear(b.queue[:n]) // let answered calls be collected
@@ -85,7 +93,7 @@ func (b *batcher[In, Out]) take() []*batchCall[In, Out] {
 
 // passLead hands the lead, with the next batch, to the oldest queued call,
 // or gives it up when nobody waits.
-func (b *batcher[In, Out]) passLead() {
+func (b *Batcher[In, Out]) passLead() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.queue) == 0 {
@@ -97,7 +105,7 @@ func (b *batcher[In, Out]) passLead() {
 }
 
 // runBatch answers every call of batch.
-func (b *batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, Out]) {
+func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, Out]) {
 	var live []*batchCall[In, Out]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
@@ -114,11 +122,11 @@ func (b *batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	for i, c := range live {
 		ins[i] = c.in
 	}
-	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
+	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Timeout)
 	defer cancel()
 	answered := false
 	defer func() {
-		// A panic in run is a bug; it must not leave the batch's other
+		// A panic in Run is a bug; it must not leave the batch's other
 		// callers waiting forever or the lead lost.
 		if r := recover(); r != nil && !answered {
 			for _, c := range live {
@@ -127,7 +135,7 @@ func (b *batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 			}
 		}
 	}()
-	out, errs := b.run(runCtx, ins)
+	out, errs := b.Run(runCtx, ins)
 	answered = true
 	for i, c := range live {
 		c.out, c.err = out[i], errs[i]
