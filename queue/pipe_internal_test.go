@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sort"
 	"sync"
@@ -47,7 +48,7 @@ func TestSharedPipe(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	gate := &pipelineGate{release: make(chan struct{})}
 	rdb.AddHook(gate)
-	p := &sharedPipe{rdb: rdb}
+	p := newSharedPipe(rdb)
 	ctx := context.Background()
 	incr := func() int64 {
 		return send(ctx, p, func(pl redis.Pipeliner) *redis.IntCmd { return pl.Incr(ctx, "n") }).Val()
@@ -60,7 +61,9 @@ func TestSharedPipe(t *testing.T) {
 	for range callers {
 		go func() { replies <- incr() }()
 	}
-	waitUntil(&p.mu, func() bool { return len(p.queued) == callers })
+	for p.batch.Queued() != callers {
+		time.Sleep(time.Millisecond)
+	}
 	close(gate.release)
 	var got []int
 	for range callers + 1 {
@@ -75,12 +78,15 @@ func TestSharedPipe(t *testing.T) {
 	if len(gate.sizes) != 2 || gate.sizes[0] != 1 || gate.sizes[1] != callers {
 		t.Errorf("pipelines of %v commands, want [1 %d]", gate.sizes, callers)
 	}
-	// A lone caller sends at once, and a caller whose context has ended
-	// still gets its command run (it rides with others').
+	// A caller whose context has ended is not sent; a lone caller is sent
+	// at once.
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if n, err := send(cancelled, p, func(pl redis.Pipeliner) *redis.IntCmd { return pl.Incr(ctx, "n") }).Result(); err != nil || n != callers+2 {
-		t.Errorf("lone call: %d %v", n, err)
+	if err := send(cancelled, p, func(pl redis.Pipeliner) *redis.IntCmd { return pl.Incr(ctx, "n") }).Err(); !errors.Is(err, context.Canceled) {
+		t.Errorf("ended call: %v, want context.Canceled", err)
+	}
+	if n := incr(); n != callers+2 {
+		t.Errorf("lone call: %d, want %d (the ended call did not run)", n, callers+2)
 	}
 }
 
@@ -95,7 +101,7 @@ func TestSharedPipeRedisDown(t *testing.T) {
 	ln.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: noRetries, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
-	p := &sharedPipe{rdb: rdb}
+	p := newSharedPipe(rdb)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for range 20 {

@@ -78,6 +78,13 @@ func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 	}
 }
 
+// Queued is how many calls wait for a batch.
+func (b *Batcher[In, Out]) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
 // take removes the next batch from the front of the queue; b.mu is held.
 func (b *Batcher[In, Out]) take() []*batchCall[In, Out] {
 	n := len(b.queue)
