@@ -138,6 +138,26 @@ func (m *metrics) Webhook(provider, result string) {
 func (m *metrics) GraphQL(operation, code string) { m.graphql.WithLabelValues(operation, code).Inc() }
 func (m *metrics) Alert(kind string)              { m.alerts.WithLabelValues(kind).Inc() }
 
+// watchGroups exports the ledger's group-commit counters (see
+// domain.GroupStats) by kind: place, pay.
+func (m *metrics) watchGroups(l *domain.Ledger) {
+	kinds := []struct {
+		kind  string
+		stats func() domain.GroupStats
+	}{{"place", l.PlaceStats}, {"pay", l.PayStats}}
+	for _, k := range kinds {
+		labels := prometheus.Labels{"kind": k.kind}
+		m.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kami_group_batches_total", ConstLabels: labels,
+				Help: "Shared transactions (group commit) tried, by kind."}, func() float64 { return float64(k.stats().Batches) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kami_group_calls_total", ConstLabels: labels,
+				Help: "Calls the shared transactions carried, by kind: calls over batches is the mean batch size."}, func() float64 { return float64(k.stats().Calls) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kami_group_split_total", ConstLabels: labels,
+				Help: "Shared transactions that failed and were redone call by call, by kind."}, func() float64 { return float64(k.stats().Split) }),
+		)
+	}
+}
+
 // queueCollector reads the delay queues' backlog at scrape time, so the
 // figures are never stale.
 type queueCollector struct {

@@ -244,6 +244,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	if a.ledger, err = newLedger(cfg, a.db, a.alerts); err != nil {
 		return nil, err
 	}
+	a.metrics.watchGroups(a.ledger)
 	reg, sb, err := newProviders(cfg)
 	if err != nil {
 		return nil, err

@@ -191,6 +191,19 @@ func forUpdateSkipLocked(q *bun.SelectQuery) *bun.SelectQuery {
 	return q.For("UPDATE SKIP LOCKED")
 }
 
+// timeParam is a placeholder for a time inside an expression (a CASE arm),
+// where the database cannot infer the column's type from the literal bun
+// writes: PostgreSQL would take it for text.
+func timeParam(db bun.IDB) string {
+	switch dialectName(db) {
+	case dialect.PG:
+		return "CAST(? AS TIMESTAMPTZ)"
+	case dialect.MySQL:
+		return "CAST(? AS DATETIME(6))"
+	}
+	return "?"
+}
+
 // isUniqueViolation reports a unique or primary key violation.
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/big"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -92,7 +93,32 @@ type Ledger struct {
 
 	placer *group.Batcher[PlaceOrderInput, *PlacedOrder] // group commit of PlaceOrder
 	payer  *group.Batcher[Payment, *PaymentResult]       // group commit of RecordPayment
+	places groupCounters
+	pays   groupCounters
 }
+
+// groupCounters count one kind of shared transaction.
+type groupCounters struct{ batches, calls, split atomic.Int64 }
+
+func (c *groupCounters) stats() GroupStats {
+	return GroupStats{Batches: c.batches.Load(), Calls: c.calls.Load(), Split: c.split.Load()}
+}
+
+// GroupStats count the shared transactions of one kind (see group.Batcher).
+type GroupStats struct {
+	Batches int64 // shared transactions tried
+	Calls   int64 // calls they carried: Calls/Batches is the mean batch size
+	// Split is how many shared transactions failed and were redone call by
+	// call. A few are expected (a notification seen before, an order closed
+	// meanwhile); a steady stream means the shared statement itself fails.
+	Split int64
+}
+
+// PlaceStats counts the shared transactions of PlaceOrder.
+func (l *Ledger) PlaceStats() GroupStats { return l.places.stats() }
+
+// PayStats counts the shared transactions of RecordPayment's usual case.
+func (l *Ledger) PayStats() GroupStats { return l.pays.stats() }
 
 // NewLedger returns a Ledger over db (already migrated).
 func NewLedger(db *bun.DB, sealer *Sealer, cfg Config, alerts Alerter) *Ledger {

@@ -261,7 +261,11 @@ func TestPlaceOrderBatch(t *testing.T) {
 			in(c, 2, "keyed", "k-1"), // 10: CONFLICT, the key was used for another order
 			in(c, 3, "multi", "k-2"), // 11: placed with a new key
 		}
+		before := b.ledger.PlaceStats()
 		placed, errs := b.ledger.PlaceBatchForTest(b.ctx, batch)
+		if st := b.ledger.PlaceStats(); st.Batches != before.Batches+1 || st.Calls != before.Calls+int64(len(batch)) || st.Split != before.Split {
+			t.Errorf("place stats %+v (before %+v): want the batch placed in one shared transaction", st, before)
+		}
 		wantErr := map[int]string{1: domain.ESOLDOUT, 3: domain.EBADINPUT, 4: domain.ENOTFOUND, 5: domain.ENOTFOUND, 8: domain.ELIMIT, 10: domain.ECONFLICT}
 		orderNos := map[string]bool{}
 		for i := range batch {
@@ -318,6 +322,9 @@ func TestPlaceOrderBatch(t *testing.T) {
 		twice, errs := b.ledger.PlaceBatchForTest(b.ctx, []domain.PlaceOrderInput{in(c, 1, "again", "k-3"), in(c, 1, "again", "k-3")})
 		if errs[0] != nil || errs[1] != nil || twice[0].Order.OrderNo != twice[1].Order.OrderNo || twice[0].Replayed == twice[1].Replayed {
 			t.Fatalf("one key twice: %+v %+v, %v %v", twice[0], twice[1], errs[0], errs[1])
+		}
+		if st := b.ledger.PlaceStats(); st.Split != before.Split+1 {
+			t.Errorf("place stats %+v: want the second batch split", st)
 		}
 		b.mustAudit(t)
 	})
@@ -518,7 +525,11 @@ func TestRecordPaymentBatch(t *testing.T) {
 			{Provider: "sandbox", NotifyID: "N-X", OrderNo: "00000000000000000000", TradeNo: "T-X", AmountFen: 300}, // 6: unknown
 			pay(three, "T-3", "N-3"), // 7: delivered
 		}
+		before := b.ledger.PayStats()
 		res, errs := b.ledger.RecordPaymentsForTest(b.ctx, batch)
+		if st := b.ledger.PayStats(); st.Batches != before.Batches+1 || st.Calls != before.Calls+3 || st.Split != before.Split {
+			t.Errorf("pay stats %+v (before %+v): want the 3 usual payments delivered in one shared transaction", st, before)
+		}
 		want := []domain.PaymentOutcome{domain.PaymentDelivered, domain.PaymentDelivered, domain.PaymentDuplicate,
 			domain.PaymentLateRefund, domain.PaymentDuplicateRefunds, "", "", domain.PaymentDelivered}
 		wantErr := map[int]string{5: domain.EBADINPUT, 6: domain.ENOTFOUND}
@@ -558,6 +569,9 @@ func TestRecordPaymentBatch(t *testing.T) {
 		res, errs = b.ledger.RecordPaymentsForTest(b.ctx, []domain.Payment{pay(four, "T-4", "N-4"), pay(five, "T-5", "N-1")})
 		if errs[0] != nil || res[0].Outcome != domain.PaymentDelivered || errs[1] != nil || res[1].Outcome != domain.PaymentDuplicate || res[1].Order.Status != domain.OrderPending {
 			t.Fatalf("poisoned batch: %+v %v, %+v %v", res[0], errs[0], res[1], errs[1])
+		}
+		if st := b.ledger.PayStats(); st.Split != before.Split+1 {
+			t.Errorf("pay stats %+v: want the poisoned batch split", st)
 		}
 		if cards := b.cardStatuses(t, five.OrderNo); cards[domain.CardLocked] != 1 {
 			t.Fatalf("the replayed id moved cards: %v", cards)

@@ -96,6 +96,8 @@ func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*Plac
 		placed []*PlacedOrder
 		errs   []error
 	)
+	l.places.batches.Add(1)
+	l.places.calls.Add(int64(len(ins)))
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var err error
 		placed, errs, err = l.placeOrders(ctx, tx, ins)
@@ -106,6 +108,7 @@ func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*Plac
 	}
 	placed, errs = make([]*PlacedOrder, len(ins)), make([]error, len(ins))
 	if len(ins) > 1 && ctx.Err() == nil {
+		l.places.split.Add(1)
 		for i := range ins {
 			one, oneErr := l.placeBatch(ctx, ins[i:i+1])
 			placed[i], errs[i] = one[0], oneErr[0]

@@ -111,10 +111,13 @@ func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentRe
 		}
 	}
 	if len(usual) > 0 {
+		l.pays.batches.Add(1)
+		l.pays.calls.Add(int64(len(usual)))
 		err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 			return l.deliverPaid(ctx, tx, ps, usual, orders, results)
 		})
 		if err != nil {
+			l.pays.split.Add(1)
 			clear(results)
 			others = append(usual, others...)
 		}
@@ -175,11 +178,11 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 		}
 		return err
 	}
-	byOrderNo := func(column string) string {
-		return column + " = CASE order_no" + strings.Repeat(" WHEN ? THEN ?", len(at)) + " END"
+	byOrderNo := func(column, param string) string {
+		return column + " = CASE order_no" + strings.Repeat(" WHEN ? THEN "+param, len(at)) + " END"
 	}
 	n, err := apply(ctx, tx, OrderPay, now, whereOrderNos(nos),
-		col(byOrderNo("trade_no"), trade...), col(byOrderNo("paid_fen"), fen...), col(byOrderNo("paid_at"), t...),
+		col(byOrderNo("trade_no", "?"), trade...), col(byOrderNo("paid_fen", "?"), fen...), col(byOrderNo("paid_at", timeParam(tx)), t...),
 		col("delivered_at = ?", now))
 	if err != nil {
 		return err
