@@ -24,11 +24,12 @@
 //     and a pool as large as the server's, runs the same number of
 //     Ledger.PlaceOrder calls at the same concurrency on a new product.
 //     "Direct" is the ledger's own transaction (insert the order, lock a
-//     card with SKIP LOCKED, write the stock journal) without HTTP,
-//     GraphQL, the Redis stock gate, close scheduling and events; the
-//     ratio end-to-end / direct is what kami's layers leave of it. Direct
-//     orders get a TTL of an hour so that the server never closes them
-//     while the phase runs.
+//     card with SKIP LOCKED, write the stock journal), grouped as the
+//     server groups it (orders arriving together share one transaction),
+//     without HTTP, GraphQL, the Redis stock gate, close scheduling and
+//     events; the ratio end-to-end / direct is what kami's layers leave of
+//     it. Direct orders get a TTL of an hour so that the server never
+//     closes them while the phase runs.
 //  4. Check: the server's peak memory (VmHWM from /proc, and the largest
 //     VmRSS sampled during the run), its CPU use while placing, a clean
 //     exit on SIGTERM, and Ledger.Audit over the whole database: a load
