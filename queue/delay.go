@@ -50,13 +50,21 @@ func (q *DelayQueue) LeaseKey() string { return q.lease }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
+// dueMS is the score of a member due at t: the first whole millisecond at
+// or after t. Claims compare it with the current millisecond rounded down,
+// so a member is never claimed before its time (the ledger would find the
+// order not due yet and it would go round again).
+func dueMS(t time.Time) int64 {
+	return (t.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
+}
+
 func fromMS(v float64) time.Time { return time.UnixMilli(int64(v)).UTC() }
 
 // Schedule puts member on the queue, due at due. Scheduling again moves
 // its due time; it never makes a second task.
 func (q *DelayQueue) Schedule(ctx context.Context, member string, due time.Time) error {
 	return send(ctx, q.pipe, func(p redis.Pipeliner) *redis.IntCmd {
-		return p.ZAdd(ctx, q.queue, redis.Z{Score: float64(ms(due)), Member: member})
+		return p.ZAdd(ctx, q.queue, redis.Z{Score: float64(dueMS(due)), Member: member})
 	}).Err()
 }
 
@@ -74,7 +82,7 @@ func (q *DelayQueue) ScheduleIfAbsent(ctx context.Context, items []Item) (int, e
 		part := items[start:min(start+1000, len(items))]
 		args := make([]any, 0, 2*len(part))
 		for _, it := range part {
-			args = append(args, ms(it.Due), it.Member)
+			args = append(args, dueMS(it.Due), it.Member)
 		}
 		n, err := scheduleIfAbsentScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, args...).Int()
 		if err != nil {

@@ -35,7 +35,7 @@ func TestClaimIsAtomicUnderConcurrentClaimers(t *testing.T) {
 		ctx := context.Background()
 		keys := queue.NewKeys(rs.Prefix(t))
 		q := queue.CloseQueue(rs.Client, keys)
-		now := time.Now()
+		now := time.UnixMilli(time.Now().UnixMilli()) // whole: the first member is due exactly now
 		const n = 3000
 		items := make([]queue.Item, n)
 		for i := range items {
@@ -88,6 +88,28 @@ func TestClaimIsAtomicUnderConcurrentClaimers(t *testing.T) {
 		}
 		if st.Backlog != 1 || st.Leased != n || st.Due != 0 || st.OldestOverdue != 0 {
 			t.Errorf("stats after claiming: %+v", st)
+		}
+	})
+}
+
+// TestNeverClaimedEarly: a member due within a millisecond is not claimed
+// before its due time, by Schedule or by ScheduleIfAbsent (the sweeper).
+func TestNeverClaimedEarly(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, rs *redistest.Server) {
+		ctx := context.Background()
+		q := queue.CloseQueue(rs.Client, queue.NewKeys(rs.Prefix(t)))
+		due := time.UnixMilli(time.Now().UnixMilli()).Add(700 * time.Microsecond)
+		if err := q.Schedule(ctx, "a", due); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.ScheduleIfAbsent(ctx, []queue.Item{{Member: "b", Due: due}}); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := q.Claim(ctx, due.Add(-400*time.Microsecond), 10, time.Minute); err != nil || len(c.Members) != 0 {
+			t.Fatalf("claimed %v (%v) 400µs before due", c.Members, err)
+		}
+		if c, err := q.Claim(ctx, due.Add(300*time.Microsecond), 10, time.Minute); err != nil || len(c.Members) != 2 {
+			t.Fatalf("claimed %v (%v) once due, want a and b", c.Members, err)
 		}
 	})
 }
