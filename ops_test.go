@@ -115,6 +115,9 @@ func TestMetricsMove(t *testing.T) {
 		`kami_close_latency_seconds_count 1`,
 		`kami_queue_backlog{queue="close"} 0`,
 		`kami_queue_up 1`,
+		`kami_group_calls_total{kind="place"} 2`,
+		`kami_group_batches_total{kind="pay"} 1`,
+		`kami_group_split_total{kind="pay"} 0`,
 		`go_goroutines`,
 	} {
 		if !strings.Contains(string(body), want) {
