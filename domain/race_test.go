@@ -14,13 +14,17 @@ import (
 	"kami/domain/dbtest"
 )
 
-// TestRaceSoldOut: 2,000 buyers at once for 100 cards. Exactly 100 get an
+// TestRaceSoldOut: 2,000 buyers at once for 100 cards, through two ledgers
+// (two processes, each grouping its own orders). Exactly 100 get an
 // order, every other one is told SOLD_OUT, and the books balance.
 func TestRaceSoldOut(t *testing.T) {
 	t.Parallel()
 	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
 		b := setup(t, db, domain.Config{})
 		p := b.product(t, 100, 100)
+		// A second process's ledger on the same database: its own batches
+		// race the first one's for the same cards.
+		other := domain.NewLedger(db, b.ledger.Sealer(), domain.Config{}, b.alerts)
 		const buyers = 2000
 		var ok, soldOut atomic.Int64
 		var wg sync.WaitGroup
@@ -31,7 +35,11 @@ func TestRaceSoldOut(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				_, err := b.ledger.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
+				ledger := b.ledger
+				if i%2 == 1 {
+					ledger = other
+				}
+				_, err := ledger.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
 					Contact: fmt.Sprintf("buyer-%d", i), Provider: "sandbox"})
 				switch domain.ErrorCode(err) {
 				case "":
