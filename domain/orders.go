@@ -204,6 +204,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		flows   []StockFlow
 		cardIDs []int64
 		orderOf []any // CASE arms: card ids, then their order number
+		tokens  []string
 		numbers = map[string]bool{}
 		hasKey  bool
 	)
@@ -216,13 +217,15 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		}
 		numbers[no] = true
 		hasKey = hasKey || in.IdempotencyKey != ""
+		token := l.sealer.AccessToken(no)
+		tokens = append(tokens, token)
 		orders = append(orders, Order{
 			OrderNo: no, ProductID: p.ID, Quantity: in.Quantity,
 			UnitPriceFen: p.PriceFen, AmountFen: p.PriceFen * int64(in.Quantity),
 			Contact: in.Contact, ClientAddr: in.ClientAddr, Provider: in.Provider,
 			Status: OrderPending, IdempotencyKey: in.IdempotencyKey,
 			ExpiresAt: now.Add(l.cfg.OrderTTL), CreatedAt: now, UpdatedAt: now,
-			AccessTokenHash: HashToken(l.sealer.AccessToken(no)),
+			AccessTokenHash: HashToken(token),
 		})
 		flows = append(flows, StockFlow{ProductID: p.ID, OrderNo: no, ChangeType: FlowLock, Quantity: in.Quantity})
 		cardIDs = append(cardIDs, ids...)
@@ -248,7 +251,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	k := 0
 	for i, in := range open {
 		p := products[in.ProductID]
-		placed[i] = &PlacedOrder{Order: &orders[k], Product: &p, AccessToken: l.sealer.AccessToken(orders[k].OrderNo)}
+		placed[i] = &PlacedOrder{Order: &orders[k], Product: &p, AccessToken: tokens[k]}
 		k++
 	}
 	return placed, errs, nil
