@@ -79,11 +79,7 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 	if err := in.normalize(); err != nil {
 		return nil, err
 	}
-	if in.IdempotencyKey != "" {
-		if placed, err := l.replay(ctx, in); placed != nil || err != nil {
-			return placed, err
-		}
-	}
+	// A reused idempotency key is answered inside the batch (replayBatch).
 	return l.placer.Do(ctx, in)
 }
 
@@ -146,7 +142,11 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		return nil, nil, err
 	}
 
-	products, err := l.productsOf(ctx, tx, ins)
+	productIDs := map[int64]bool{}
+	for _, in := range ins {
+		productIDs[in.ProductID] = true
+	}
+	products, err := productsByID(ctx, tx, sortedKeys(productIDs))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -251,13 +251,13 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	k := 0
 	for i, in := range open {
 		p := products[in.ProductID]
-		placed[i] = &PlacedOrder{Order: &orders[k], Product: &p, AccessToken: tokens[k]}
+		placed[i] = &PlacedOrder{Order: &orders[k], Product: p, AccessToken: tokens[k]}
 		k++
 	}
 	return placed, errs, nil
 }
 
-func (l *Ledger) maxQuantity(p Product) int {
+func (l *Ledger) maxQuantity(p *Product) int {
 	if p.MaxPerOrder > 0 {
 		return p.MaxPerOrder
 	}
@@ -290,23 +290,6 @@ func (l *Ledger) replayBatch(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		}
 	}
 	return nil
-}
-
-// productsOf reads the products the batch orders, by id.
-func (l *Ledger) productsOf(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput) (map[int64]Product, error) {
-	ids := map[int64]bool{}
-	for _, in := range ins {
-		ids[in.ProductID] = true
-	}
-	var ps []Product
-	if err := tx.NewSelect().Model(&ps).Where("id IN (?)", bun.In(sortedKeys(ids))).Scan(ctx); err != nil {
-		return nil, err
-	}
-	byID := make(map[int64]Product, len(ps))
-	for _, p := range ps {
-		byID[p.ID] = p
-	}
-	return byID, nil
 }
 
 func sortedKeys[V any](m map[int64]V) []int64 {

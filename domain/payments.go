@@ -80,16 +80,12 @@ func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentRe
 	for i, p := range ps {
 		nos[i] = p.OrderNo
 	}
-	var read []Order
-	if err := l.db.NewSelect().Model(&read).Where("order_no IN (?)", bun.In(uniqueSorted(nos))).Scan(ctx); err != nil {
+	orders, err := l.OrdersByNo(ctx, uniqueSorted(nos))
+	if err != nil {
 		for i := range errs {
 			errs[i] = err
 		}
 		return results, errs
-	}
-	orders := make(map[string]Order, len(read))
-	for _, o := range read {
-		orders[o.OrderNo] = o
 	}
 
 	var usual, others []int
@@ -100,7 +96,7 @@ func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentRe
 			errs[i] = Errorf(ENOTFOUND, "order %s not found", p.OrderNo)
 			continue
 		}
-		if errs[i] = l.checkPayment(ctx, p, o); errs[i] != nil {
+		if errs[i] = l.checkPayment(ctx, p, *o); errs[i] != nil {
 			continue
 		}
 		if o.Status == OrderPending && !inBatch[p.OrderNo] {
@@ -123,7 +119,7 @@ func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentRe
 		}
 	}
 	for _, i := range others {
-		results[i], errs[i] = l.recordOne(ctx, ps[i], orders[ps[i].OrderNo])
+		results[i], errs[i] = l.recordOne(ctx, ps[i], *orders[ps[i].OrderNo])
 	}
 	return results, errs
 }
@@ -153,7 +149,7 @@ var errNotUsual = errors.New("a payment of the batch is not the usual case")
 // recordPayment's usual case does for one: the notifications, the orders
 // PENDING → PAID and their cards LOCKED → SOLD, the journal. The orders'
 // rows are locked in order_no order, as the close path locks them.
-func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []int, orders map[string]Order, results []*PaymentResult) error {
+func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []int, orders map[string]*Order, results []*PaymentResult) error {
 	now := l.now()
 	var (
 		notes         []Notification
@@ -163,7 +159,7 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 		trade, fen, t []any // CASE arms: order number, then its value
 	)
 	for _, i := range at {
-		p, o := ps[i], orders[ps[i].OrderNo]
+		p, o := ps[i], *orders[ps[i].OrderNo]
 		notes = append(notes, paymentNotification(p, now))
 		nos = append(nos, p.OrderNo)
 		flows = append(flows, StockFlow{ProductID: o.ProductID, OrderNo: o.OrderNo, ChangeType: FlowSell, Quantity: o.Quantity})
@@ -200,7 +196,7 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 		return err
 	}
 	for _, i := range at {
-		p, o := ps[i], orders[ps[i].OrderNo]
+		p, o := ps[i], *orders[ps[i].OrderNo]
 		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt(p, now), now, now
 		results[i] = &PaymentResult{Outcome: PaymentDelivered, Order: &o}
 	}

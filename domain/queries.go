@@ -190,12 +190,17 @@ func (l *Ledger) ListRefunds(ctx context.Context, status RefundStatus, after Key
 // ProductsByID returns the products with the given ids in one query; ids
 // with no product are missing from the map.
 func (l *Ledger) ProductsByID(ctx context.Context, ids []int64) (map[int64]*Product, error) {
+	return productsByID(ctx, l.db, ids)
+}
+
+// productsByID is ProductsByID on db, also a transaction.
+func productsByID(ctx context.Context, db bun.IDB, ids []int64) (map[int64]*Product, error) {
 	out := make(map[int64]*Product, len(ids))
 	if len(ids) == 0 {
 		return out, nil
 	}
 	var ps []Product
-	if err := l.db.NewSelect().Model(&ps).Where("id IN (?)", bun.In(ids)).Scan(ctx); err != nil {
+	if err := db.NewSelect().Model(&ps).Where("id IN (?)", bun.In(ids)).Scan(ctx); err != nil {
 		return nil, err
 	}
 	for i := range ps {
