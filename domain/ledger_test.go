@@ -388,6 +388,11 @@ func TestPayAndDeliver(t *testing.T) {
 		wantCode(t, err, domain.EBADINPUT)
 		_, err = b.ledger.RecordPayment(b.ctx, domain.Payment{Provider: "sandbox", NotifyID: "N-7", OrderNo: "00000000000000000000", TradeNo: "T-7", AmountFen: 990})
 		wantCode(t, err, domain.ENOTFOUND)
+		_, err = b.ledger.RecordPayment(b.ctx, domain.Payment{Provider: "sandbox", NotifyID: "N-6", OrderNo: strings.Repeat("9", 10_000), TradeNo: "T-6", AmountFen: 990})
+		wantCode(t, err, domain.ENOTFOUND)
+		if strings.Contains(err.Error(), "99999999999999999999999999999999") {
+			t.Fatalf("an oversized order number was echoed: %.80s", err)
+		}
 		if n, _ := db.NewSelect().Table("payment_notification").Count(b.ctx); n != 2 {
 			t.Fatalf("%d notifications recorded, want 2 (N-1, N-2)", n)
 		}

@@ -45,6 +45,9 @@ type PaymentResult struct {
 	Refund *Refund
 }
 
+// maxOrderNoLen is the order_no column's width.
+const maxOrderNoLen = 32
+
 // maxRawNotification bounds what is kept of a notification body.
 const maxRawNotification = 64 << 10
 
@@ -63,6 +66,10 @@ const maxRawNotification = 64 << 10
 func (l *Ledger) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, error) {
 	if p.OrderNo == "" || p.TradeNo == "" || len(p.TradeNo) > 64 || p.Provider == "" {
 		return nil, Errorf(EBADINPUT, "a payment needs an order number, a trade number and a provider")
+	}
+	if len(p.OrderNo) > maxOrderNoLen {
+		// Not echoed: no order has a number this long.
+		return nil, Errorf(ENOTFOUND, "no order has a %d-character number", len(p.OrderNo))
 	}
 	return l.payer.Do(ctx, p)
 }
