@@ -131,21 +131,22 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	}
 	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Timeout)
 	defer cancel()
-	answered := false
+	answered := 0 // live[:answered] have their answer
 	defer func() {
-		// A panic in Run is a bug; it must not leave the batch's other
-		// callers waiting forever or the lead lost.
-		if r := recover(); r != nil && !answered {
-			for _, c := range live {
+		// A panic in Run (or answers that do not match the batch) is a bug;
+		// it must not leave the batch's callers waiting forever or the lead
+		// lost.
+		if r := recover(); r != nil {
+			for _, c := range live[answered:] {
 				c.err = fmt.Errorf("internal error: %v", r)
 				close(c.done)
 			}
 		}
 	}()
 	out, errs := b.Run(runCtx, ins)
-	answered = true
 	for i, c := range live {
 		c.out, c.err = out[i], errs[i]
 		close(c.done)
+		answered++
 	}
 }

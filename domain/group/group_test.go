@@ -156,3 +156,52 @@ func TestSurvivesPanic(t *testing.T) {
 		t.Fatalf("after a panic: %d, %v", got, err)
 	}
 }
+
+// TestSurvivesShortAnswers: a Run that answers fewer calls than it was
+// given (a bug) still leaves no caller waiting: the ones it answered keep
+// their answer, the rest get an error.
+func TestSurvivesShortAnswers(t *testing.T) {
+	t.Parallel()
+	started, release := make(chan struct{}), make(chan struct{})
+	b := &Batcher[int, int]{MaxLeaders: 1, Run: func(ctx context.Context, ins []int) ([]int, []error) {
+		if ins[0] == 0 {
+			close(started)
+			<-release // hold the lead while the others queue into one batch
+			return ins, make([]error, len(ins))
+		}
+		return ins[:1], make([]error, 1)
+	}}
+	first := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), 0); first <- err }()
+	<-started
+	type answer struct {
+		in, out int
+		err     error
+	}
+	answers := make(chan answer, 3)
+	for i := 1; i <= 3; i++ {
+		go func() { got, err := b.Do(context.Background(), i); answers <- answer{i, got, err} }()
+	}
+	for b.Queued() != 3 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	ok, failed := 0, 0
+	for range 3 {
+		a := <-answers
+		switch {
+		case a.err == nil && a.out == a.in:
+			ok++
+		case a.err != nil:
+			failed++
+		default:
+			t.Errorf("call %d answered %d", a.in, a.out)
+		}
+	}
+	if ok != 1 || failed != 2 {
+		t.Fatalf("%d answered, %d failed; want 1 and 2", ok, failed)
+	}
+}
