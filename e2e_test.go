@@ -236,6 +236,11 @@ func TestRefundGivesUpThenAdminRetries(t *testing.T) {
 		if cur.RetryCount != 3 || cur.LastError == "" || bytes.Contains([]byte(cur.LastError), []byte("PRIVATE")) {
 			t.Fatalf("failed refund %+v", cur)
 		}
+		// The alert follows the commit that made the refund FAILED: wait
+		// for it rather than race it, then make sure there is only one.
+		eventually(t, 5*time.Second, "the refund_failed alert", func() bool {
+			return counterValue(t, a.metrics.alerts.WithLabelValues("refund_failed")) >= 1
+		})
 		if n := counterValue(t, a.metrics.alerts.WithLabelValues("refund_failed")); n != 1 {
 			t.Fatalf("%v refund_failed alerts, want 1", n)
 		}
