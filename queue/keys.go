@@ -61,6 +61,10 @@ func (k Keys) Stock(productID int64) string {
 // StockRebuildLock is held by the one process rebuilding a missing counter.
 func (k Keys) StockRebuildLock(productID int64) string { return k.Stock(productID) + ":rebuild" }
 
+// StockRebuildPending holds what was given back to a missing counter while
+// its rebuild was counting the database.
+func (k Keys) StockRebuildPending(productID int64) string { return k.Stock(productID) + ":pending" }
+
 // SweepLock keeps the sweeper to one process per interval.
 func (k Keys) SweepLock() string { return k.Lock("sweep") }
 

@@ -107,16 +107,38 @@ return 0
 
 // giveBackScript returns ARGV[1] to a stock counter, only if it exists: a
 // missing counter is rebuilt from the database, never created at a value
-// that counts only the give-backs.
+// that counts only the give-backs. While a rebuild holds its lock, the
+// give-back is kept aside instead, and the rebuild adds it (see
+// rebuildSetScript): the cards it returns may have been freed after the
+// rebuild counted, and would otherwise be lost until the next repair.
 //
-// KEYS[1] stock counter
+// KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum
 // ARGV[1] quantity
 // Returns the new value, or -1 when the counter is missing.
 var giveBackScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
 	return redis.call('INCRBY', KEYS[1], ARGV[1])
 end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+	redis.call('INCRBY', KEYS[3], ARGV[1])
+	redis.call('EXPIRE', KEYS[3], 60)
+end
 return -1
+`)
+
+// rebuildSetScript creates a missing counter at the database's count plus
+// what was given back while the rebuild counted, and clears that sum.
+//
+// KEYS[1] stock counter, KEYS[2] its pending sum
+// ARGV[1] the database's count
+// Returns the counter's value, or -1 when it already existed.
+var rebuildSetScript = redis.NewScript(`
+local pending = tonumber(redis.call('GET', KEYS[2]) or '0')
+redis.call('DEL', KEYS[2])
+if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+local v = tonumber(ARGV[1]) + pending
+redis.call('SET', KEYS[1], v)
+return v
 `)
 
 // unlockScript deletes a lock only if it still holds the caller's token.

@@ -115,7 +115,8 @@ func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) erro
 	if qty <= 0 {
 		return nil
 	}
-	err := giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID)}, qty).Err()
+	err := giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID), g.keys.StockRebuildLock(productID),
+		g.keys.StockRebuildPending(productID)}, qty).Err()
 	if err != nil {
 		g.markDirty(productID)
 	}
@@ -250,12 +251,18 @@ func (g *StockGate) rebuild(ctx context.Context, productID int64) error {
 			if n, err := g.rdb.Exists(ctx, key).Result(); err != nil || n == 1 {
 				return err
 			}
+			// Give-backs kept aside before our count are in it; only those
+			// from now on are added to it.
+			pending := g.keys.StockRebuildPending(productID)
+			if err := g.rdb.Del(ctx, pending).Err(); err != nil {
+				return err
+			}
 			cnt, err := g.count(ctx, productID)
 			if err != nil {
 				return fmt.Errorf("count stock of product %d: %w", productID, err)
 			}
 			g.rebuilds.Add(1)
-			return g.rdb.SetNX(ctx, key, cnt, 0).Err()
+			return rebuildSetScript.Run(ctx, g.rdb, []string{key, pending}, cnt).Err()
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("stock counter of product %d: another process holds its rebuild for over %s", productID, g.RebuildWait)
