@@ -99,13 +99,7 @@ func TestMetricsMove(t *testing.T) {
 		t.Fatalf("want SOLD_OUT, got %v", err)
 	}
 
-	res, err := http.Get(a.srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	for _, want := range []string{
+	wants := []string{
 		`kami_orders_placed_total 2`,
 		`kami_orders_refused_total{code="SOLD_OUT"} 1`,
 		`kami_payments_total{outcome="DELIVERED"} 1`,
@@ -119,10 +113,30 @@ func TestMetricsMove(t *testing.T) {
 		`kami_group_batches_total{kind="pay"} 1`,
 		`kami_group_split_total{kind="pay"} 0`,
 		`go_goroutines`,
-	} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("/metrics lacks %s", want)
+	}
+	// The counters move just after the commits the test watches (a close
+	// is counted once its transaction is done): wait for them, don't race.
+	missing := func() []string {
+		res, err := http.Get(a.srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		var out []string
+		for _, want := range wants {
+			if !strings.Contains(string(body), want) {
+				out = append(out, want)
+			}
+		}
+		return out
+	}
+	lacking := missing()
+	for deadline := time.Now().Add(10 * time.Second); len(lacking) > 0 && time.Now().Before(deadline); lacking = missing() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, want := range lacking {
+		t.Errorf("/metrics lacks %s", want)
 	}
 }
 
