@@ -74,6 +74,7 @@ type Client struct {
 	pub     *rsa.PublicKey
 	gateway *url.URL // nil: production
 	api     *goalipay.Client
+	dl      *http.Client // downloads bills from the address the gateway gives
 }
 
 var _ providers.Provider = (*Client)(nil)
@@ -135,7 +136,9 @@ func New(cfg Config) (*Client, error) {
 	hc := api.GetHttpClient()
 	hc.SetTimeout(timeout)
 	hc.SetTransport(&transport{target: gw, base: http.DefaultTransport.(*http.Transport).Clone()})
-	return &Client{appID: appID, pub: pub, gateway: gw, api: api}, nil
+	// A bill is larger than an answer: its download gets more time.
+	dl := &http.Client{Timeout: max(6*timeout, time.Minute), Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	return &Client{appID: appID, pub: pub, gateway: gw, api: api, dl: dl}, nil
 }
 
 // Name implements providers.Provider.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"kami/providers"
 	"kami/providers/alipay"
 	"kami/providers/alipay/alipayemu"
 	"kami/providers/providertest"
@@ -51,6 +52,8 @@ type bundle struct {
 type setupOpts struct {
 	timeout time.Duration
 	now     func() time.Time
+	// early makes the emulator publish today's bill at once.
+	early bool
 }
 
 func setup(t testing.TB, opts ...setupOpts) *bundle {
@@ -69,6 +72,8 @@ func setup(t testing.TB, opts ...setupOpts) *bundle {
 		Hold:         5 * time.Second,
 		Slow:         100 * time.Millisecond,
 		Now:          o.now,
+
+		EarlyStatements: o.early,
 	})
 	if err != nil {
 		t.Fatalf("alipayemu.New: %v", err)
@@ -115,8 +120,15 @@ func (b *bundle) harness() providertest.Harness {
 		OtherMerchant: func(t testing.TB, orderNo string, amountFen int64) (http.Header, []byte) {
 			return b.emu.OtherApp(orderNo, amountFen)
 		},
-		InjectFault:          b.emu.InjectFault,
-		Refunded:             b.emu.Refunded,
+		InjectFault: b.emu.InjectFault,
+		Refunded:    b.emu.Refunded,
+		StatementFaults: []providertest.StatementFault{
+			{Op: providertest.OpStatement, Fault: providertest.FaultBusiness, Kind: providers.Rejected},
+			{Op: providertest.OpStatement, Fault: alipayemu.FaultBadSignature, Kind: providers.Temporary},
+			{Op: alipayemu.OpDownload, Fault: providertest.Fault5xx, Kind: providers.Temporary},
+			{Op: alipayemu.OpDownload, Fault: alipayemu.FaultGarbage, Kind: providers.Temporary},
+			{Op: alipayemu.OpDownload, Fault: alipayemu.FaultTruncated, Kind: providers.Temporary},
+		},
 		SupportsClose:        true,
 		SupportsQueryPayment: true,
 	}
@@ -124,5 +136,5 @@ func (b *bundle) harness() providertest.Harness {
 
 func TestContract(t *testing.T) {
 	t.Parallel()
-	providertest.Run(t, setup(t).harness())
+	providertest.Run(t, setup(t, setupOpts{early: true}).harness())
 }

@@ -31,6 +31,8 @@ const (
 	OpQueryRefund  Op = "query_refund"
 	OpQueryPayment Op = "query_payment"
 	OpClose        Op = "close"
+	// OpStatement is a day's statement: asking for it and downloading it.
+	OpStatement Op = "statement"
 )
 
 // Table holds the faults injected per op. Its zero value is an empty table

@@ -30,6 +30,10 @@ import (
 //     it and loses the answer.
 //   - Order and refund numbers are at most 32 characters of [0-9A-Za-z], the
 //     narrowest form any gateway accepts (WeChat's out_trade_no).
+//   - A provider that is a providers.StatementSource serves the statement of
+//     a day that has begun with its books so far (alipayemu and wechatemu
+//     with EarlyStatements; the sandbox always), so that the suite need not
+//     wait for tomorrow.
 
 // maxNotificationBytes is the largest notification a provider must accept;
 // anything larger is refused before it is parsed.
@@ -72,6 +76,8 @@ func run(t *testing.T, h Harness) {
 		t.Run("RefundNotification", s.testRefundNotification)
 		t.Run("QueryPayment", s.testQueryPayment)
 		t.Run("ClosePayment", s.testClosePayment)
+		t.Run("Statement", s.testStatement)
+		t.Run("StatementOfAQuietDay", s.testStatementOfAQuietDay)
 	})
 	t.Run("Faults", func(t *testing.T) {
 		t.Run("RefundTimeout", s.testRefundTimeout)
@@ -82,6 +88,7 @@ func run(t *testing.T, h Harness) {
 		t.Run("QueryRefundTemporary", s.testQueryRefundTemporary)
 		t.Run("QueryPaymentTemporary", s.testQueryPaymentTemporary)
 		t.Run("CloseTemporary", s.testCloseTemporary)
+		t.Run("StatementTemporary", s.testStatementTemporary)
 	})
 }
 
@@ -793,5 +800,121 @@ func (s *suite) testCloseTemporary(t *testing.T) {
 	clear()
 	if err := s.p.ClosePayment(ctxFor(t), orderNo); err != nil {
 		t.Errorf("ClosePayment once the fault is gone: %v", err)
+	}
+}
+
+// ---- statements ----
+
+func (s *suite) statements(t *testing.T) providers.StatementSource {
+	t.Helper()
+	src, ok := s.p.(providers.StatementSource)
+	if !ok {
+		t.Skip("the provider publishes no statement")
+	}
+	return src
+}
+
+// testStatement: the statement of a day lists the trades paid on it, with
+// the numbers, amount and time their notifications gave, and the refunds
+// made on it; a trade never paid is not in it. Other subtests pay at the
+// same emulator, so only this test's rows are looked at.
+func (s *suite) testStatement(t *testing.T) {
+	t.Parallel()
+	src := s.statements(t)
+	a, b := s.paid(t, 1250), s.paid(t, 77)
+	unpaid := s.orderNo(t)
+	if _, err := s.p.CreatePayment(ctxFor(t), s.paymentRequest(unpaid, 500)); err != nil {
+		t.Fatalf("CreatePayment: %v", err)
+	}
+	r := s.refundRequest(t, a, 300)
+	s.refundOK(t, r)
+	refundDay := providers.DayOf(time.Now())
+
+	day := providers.DayOf(a.PaidAt)
+	st, err := src.Statement(ctxFor(t), day)
+	if err != nil {
+		t.Fatalf("Statement(%s): %v", day, err)
+	}
+	if st.Provider != s.p.Name() || st.Day != day {
+		t.Errorf("statement of %q %s, want %q %s", st.Provider, st.Day, s.p.Name(), day)
+	}
+	trades := map[string]providers.StatementTrade{}
+	for _, tr := range st.Trades {
+		trades[tr.OrderNo] = tr
+	}
+	for _, ev := range []providers.Event{a, b} {
+		if providers.DayOf(ev.PaidAt) != day {
+			continue // paid after midnight: in the next day's statement
+		}
+		tr, ok := trades[ev.OrderNo]
+		if !ok {
+			t.Errorf("the paid trade of %s is not in the statement of %s", ev.OrderNo, day)
+			continue
+		}
+		if tr.TradeNo != ev.TradeNo || tr.AmountFen != ev.AmountFen || tr.Status != providers.TradePaid ||
+			!tr.PaidAt.Truncate(time.Second).Equal(ev.PaidAt.Truncate(time.Second)) {
+			t.Errorf("statement trade %+v, notification %+v", tr, ev)
+		}
+	}
+	if _, ok := trades[unpaid]; ok {
+		t.Errorf("the unpaid trade %s is in the statement", unpaid)
+	}
+	if refundDay != day {
+		return // refunded after midnight
+	}
+	var found []providers.StatementRefund
+	for _, sr := range st.Refunds {
+		if sr.RefundNo == r.RefundNo {
+			found = append(found, sr)
+		}
+	}
+	if len(found) != 1 || found[0].AmountFen != 300 || found[0].Status != providers.RefundSucceeded ||
+		found[0].OrderNo != a.OrderNo || (found[0].TradeNo != "" && found[0].TradeNo != a.TradeNo) {
+		t.Errorf("statement refunds for %s: %+v, want one SUCCEEDED of 300 fen on %s", r.RefundNo, found, a.OrderNo)
+	}
+}
+
+// testStatementOfAQuietDay: a day on which nothing happened is an empty
+// statement, not an error.
+func (s *suite) testStatementOfAQuietDay(t *testing.T) {
+	t.Parallel()
+	src := s.statements(t)
+	quiet, err := providers.ParseDay("2001-01-01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := src.Statement(ctxFor(t), quiet)
+	if err != nil {
+		t.Fatalf("Statement of a quiet day: %v", err)
+	}
+	if len(st.Trades)+len(st.Refunds) != 0 {
+		t.Errorf("a quiet day's statement lists %d trades and %d refunds", len(st.Trades), len(st.Refunds))
+	}
+}
+
+// testStatementTemporary: a statement that could not be had is an error,
+// never an empty statement (which would say nothing was paid), nor one that
+// reads as not published yet.
+func (s *suite) testStatementTemporary(t *testing.T) {
+	src := s.statements(t)
+	s.paid(t, 1250)
+	cases := []StatementFault{{OpStatement, FaultTimeout, providers.Temporary}, {OpStatement, Fault5xx, providers.Temporary}}
+	for _, c := range append(cases, s.h.StatementFaults...) {
+		t.Run(string(c.Op)+"/"+string(c.Fault), func(t *testing.T) {
+			s.h.InjectFault(c.Op, c.Fault, 1)
+			t.Cleanup(func() { s.h.InjectFault(c.Op, FaultNone, 0) })
+			st, err := src.Statement(ctxFor(t), providers.DayOf(time.Now()))
+			s.wantKind(t, "Statement under "+string(c.Fault), err, c.Kind)
+			if st != nil {
+				t.Errorf("Statement under %s returned a statement: %+v", c.Fault, st)
+			}
+			if providers.NotReady(err) {
+				t.Errorf("Statement under %s reads as not published yet", c.Fault)
+			}
+			s.h.InjectFault(c.Op, FaultNone, 0)
+			if _, err := src.Statement(ctxFor(t), providers.DayOf(time.Now())); err != nil {
+				t.Errorf("Statement once the fault is gone: %v", err)
+			}
+		})
 	}
 }

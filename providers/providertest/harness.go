@@ -38,6 +38,7 @@ const (
 	OpQueryRefund  = fault.OpQueryRefund
 	OpQueryPayment = fault.OpQueryPayment
 	OpClose        = fault.OpClose
+	OpStatement    = fault.OpStatement
 )
 
 // Harness is one provider wired to its emulator.
@@ -73,10 +74,23 @@ type Harness struct {
 	// how many refund calls it received with that number.
 	Refunded func(refundNo string) (fen int64, calls int)
 
+	// StatementFaults are the provider's own ways for a statement to fail
+	// (a download cut short, a file that does not match its hash, a
+	// business error...), each with the Kind of error it must give. The
+	// suite injects each once and requires that error and no statement.
+	StatementFaults []StatementFault
+
 	// SupportsClose and SupportsQueryPayment are false for providers whose
 	// gateway has no such call (ClosePayment then is a no-op).
 	SupportsClose        bool
 	SupportsQueryPayment bool
+}
+
+// StatementFault is one way for a provider's statement to fail.
+type StatementFault struct {
+	Op    Op
+	Fault Fault
+	Kind  providers.ErrorKind
 }
 
 // Run checks every promise of providers.Provider against h.

@@ -23,7 +23,7 @@ import (
 // it panics on an op or fault it does not know, as that is a broken test.
 func (p *Provider) InjectFault(op fault.Op, f fault.Fault, n int) {
 	switch op {
-	case fault.OpCreate, fault.OpRefund, fault.OpQueryRefund, fault.OpQueryPayment, fault.OpClose:
+	case fault.OpCreate, fault.OpRefund, fault.OpQueryRefund, fault.OpQueryPayment, fault.OpClose, fault.OpStatement:
 	default:
 		panic(fmt.Sprintf("sandbox: unknown op %q", op))
 	}

@@ -100,6 +100,7 @@ type trade struct {
 type refund struct {
 	req providers.RefundRequest
 	id  string
+	at  time.Time // when it was made, for the statement
 }
 
 // New returns a sandbox provider, or an error naming the bad setting.
@@ -245,7 +246,7 @@ func (p *Provider) refund(r providers.RefundRequest) (res providers.RefundResult
 	if t != nil && t.refundedFen+r.RefundFen > t.amountFen {
 		return res, "REFUND_AMOUNT_EXCEEDED"
 	}
-	rf := &refund{req: r, id: p.newID("SBR")}
+	rf := &refund{req: r, id: p.newID("SBR"), at: p.now().UTC().Truncate(time.Second)}
 	p.refunds[r.RefundNo] = rf
 	if t != nil {
 		t.refundedFen += r.RefundFen

@@ -256,6 +256,10 @@ func parts(rsp any) (code int, er wv3.ErrResponse, si *wv3.SignInfo, ok bool) {
 		if r != nil {
 			return r.Code, r.ErrResponse, r.SignInfo, true
 		}
+	case *wv3.BillRsp:
+		if r != nil {
+			return r.Code, r.ErrResponse, r.SignInfo, true
+		}
 	}
 	return 0, wv3.ErrResponse{}, nil, false
 }

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"testing"
 
+	"kami/providers"
 	"kami/providers/providertest"
 	"kami/providers/wechat/wechatemu"
 )
@@ -23,8 +24,14 @@ func harness(t *testing.T, b *bundle) providertest.Harness {
 		OtherMerchant: func(t testing.TB, orderNo string, amountFen int64) (http.Header, []byte) {
 			return must(t)(b.emu.OtherMerchant(orderNo, amountFen))
 		},
-		InjectFault:          b.emu.InjectFault,
-		Refunded:             b.emu.Refunded,
+		InjectFault: b.emu.InjectFault,
+		Refunded:    b.emu.Refunded,
+		StatementFaults: []providertest.StatementFault{
+			{Op: providertest.OpStatement, Fault: providertest.FaultBusiness, Kind: providers.Rejected},
+			{Op: wechatemu.OpDownload, Fault: providertest.Fault5xx, Kind: providers.Temporary},
+			{Op: wechatemu.OpDownload, Fault: providertest.FaultTimeout, Kind: providers.Temporary},
+			{Op: wechatemu.OpDownload, Fault: wechatemu.FaultTamperedStatement, Kind: providers.Temporary},
+		},
 		SupportsClose:        true,
 		SupportsQueryPayment: true,
 	}
@@ -32,7 +39,7 @@ func harness(t *testing.T, b *bundle) providertest.Harness {
 
 func TestContract(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOptions{})
+	b := setup(t, setupOptions{emu: early})
 	providertest.Run(t, harness(t, b))
 }
 
@@ -40,6 +47,6 @@ func TestContract(t *testing.T) {
 // moment later; the contract must hold that way too.
 func TestContractRefundProcessing(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOptions{emu: func(o *wechatemu.Options) { o.RefundProcessing = true }})
+	b := setup(t, setupOptions{emu: func(o *wechatemu.Options) { o.RefundProcessing = true; o.EarlyStatements = true }})
 	providertest.Run(t, harness(t, b))
 }

@@ -66,6 +66,10 @@ type Options struct {
 	Slow time.Duration
 	// Now is the gateway's clock. Default time.Now.
 	Now func() time.Time
+	// EarlyStatements publishes a day's bill as soon as it is asked for,
+	// with the books so far, instead of once the day is over (see
+	// statement.go): tests then need not wait for tomorrow.
+	EarlyStatements bool
 }
 
 // Server is the emulated gateway. It is an http.Handler; all its methods
@@ -77,6 +81,7 @@ type Server struct {
 	key        *rsa.PrivateKey
 	hold, slow time.Duration
 	now        func() time.Time
+	early      bool // Options.EarlyStatements
 
 	forgeOnce sync.Once
 	forgeKey  *rsa.PrivateKey
@@ -90,6 +95,8 @@ type Server struct {
 	refunds map[string]*refund // by out_request_no
 	calls   map[string]int     // refund calls by out_request_no
 	methods map[string]int     // verified requests by method
+	// billLinks are the bill download addresses handed out, by token.
+	billLinks map[string]billLink
 }
 
 type trade struct {
@@ -130,6 +137,7 @@ func New(opts Options) (*Server, error) {
 		hold:     opts.Hold,
 		slow:     opts.Slow,
 		now:      opts.Now,
+		early:    opts.EarlyStatements,
 		trades:   map[string]*trade{},
 		byNo:     map[string]*trade{},
 		refunds:  map[string]*refund{},

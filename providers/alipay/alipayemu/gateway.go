@@ -24,6 +24,7 @@ var opOf = map[string]fault.Op{
 	"alipay.trade.close":                fault.OpClose,
 	"alipay.trade.refund":               fault.OpRefund,
 	"alipay.trade.fastpay.refund.query": fault.OpQueryRefund,
+	billMethod:                          fault.OpStatement,
 }
 
 // pageMethods are opened by the buyer's browser; they answer HTML.
@@ -37,6 +38,7 @@ var businessFault = map[fault.Op][2]string{
 	fault.OpClose:        {"ACQ.INVALID_PARAMETER", "参数无效"},
 	fault.OpRefund:       {"ACQ.SELLER_BALANCE_NOT_ENOUGH", "卖家余额不足"},
 	fault.OpQueryRefund:  {"ACQ.INVALID_PARAMETER", "参数无效"},
+	fault.OpStatement:    {"isv.invalid-arguments", "入参不合法"},
 }
 
 const maxRequestBytes = 1 << 20
@@ -69,6 +71,10 @@ func responseKey(method string) string {
 // ServeHTTP is the gateway endpoint (any path): a form POST from the app's
 // server, or a GET of a page/wap pay URL from the buyer's browser.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == billPath && r.Method == http.MethodGet {
+		s.serveBill(w, r)
+		return
+	}
 	params, rep, ok := s.readRequest(r)
 	if !ok {
 		if r.Method == http.MethodGet {
@@ -124,19 +130,19 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case fault.Slow:
 		s.holdForAtMost(r.Context(), s.slow)
 	case fault.TimeoutAfterEffect:
-		s.dispatch(method, key, biz)
+		s.dispatch(method, key, biz, baseURL(r))
 		s.holdFor(r.Context())
 		http.Error(w, "gateway timeout", http.StatusGatewayTimeout)
 		return
 	case FaultBadSignature:
-		s.write(w, s.dispatch(method, key, biz), s.forger())
+		s.write(w, s.dispatch(method, key, biz, baseURL(r)), s.forger())
 		return
 	}
 	if page {
-		s.writePage(w, s.dispatch(method, key, biz))
+		s.writePage(w, s.dispatch(method, key, biz, baseURL(r)))
 		return
 	}
-	s.write(w, s.dispatch(method, key, biz), nil)
+	s.write(w, s.dispatch(method, key, biz, baseURL(r)), nil)
 }
 
 // readRequest reads and authenticates a request: one value per field, the
@@ -289,6 +295,16 @@ func (s *Server) writePage(w http.ResponseWriter, rep reply) {
 		return
 	}
 	io.WriteString(w, "<html><body>支付宝收银台 "+html.EscapeString(rep.fields["out_trade_no"].(string))+"</body></html>")
+}
+
+// baseURL is the emulator's own address as the client reached it, for the
+// bill download addresses it hands out.
+func baseURL(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
 }
 
 // holdFor keeps a request until the client gives up or Hold passes.

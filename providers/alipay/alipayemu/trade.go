@@ -5,7 +5,8 @@ import (
 )
 
 // dispatch runs one authenticated call.
-func (s *Server) dispatch(method, key string, b biz) reply {
+// base is the emulator's address, for the bill download address.
+func (s *Server) dispatch(method, key string, b biz, base string) reply {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch method {
@@ -23,6 +24,8 @@ func (s *Server) dispatch(method, key string, b biz) reply {
 		return s.refundLocked(key, b)
 	case "alipay.trade.fastpay.refund.query":
 		return s.refundQueryLocked(key, b)
+	case billMethod:
+		return s.billLocked(key, b, base)
 	}
 	return failure("error_response", "40002", "Invalid Arguments", "isv.invalid-method", "不存在的方法名")
 }

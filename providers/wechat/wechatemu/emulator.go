@@ -74,6 +74,10 @@ type Options struct {
 	RefundProcessing bool
 	// Now is the gateway's clock; default time.Now.
 	Now func() time.Time
+	// EarlyStatements serves a day's bill as soon as it is asked for, with
+	// the books so far, instead of once the day is over (see
+	// statement.go): tests then need not wait for tomorrow.
+	EarlyStatements bool
 }
 
 // Server is one emulated gateway with its merchant.
@@ -91,10 +95,11 @@ type Server struct {
 	nonces    map[string]time.Time
 	seq       int
 	fiveXX    int
-	answerKey *rsa.PrivateKey // when set, answers are signed with it instead
-	answerID  string          // and name this serial
-	unknown   []string        // requests to paths the gateway does not serve
-	otherKey  *rsa.PrivateKey // the forger's key, made when first needed
+	answerKey *rsa.PrivateKey     // when set, answers are signed with it instead
+	answerID  string              // and name this serial
+	unknown   []string            // requests to paths the gateway does not serve
+	otherKey  *rsa.PrivateKey     // the forger's key, made when first needed
+	bills     map[string]billFile // bill downloads handed out, by token
 }
 
 // New starts an emulated gateway.

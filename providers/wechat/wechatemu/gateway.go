@@ -59,6 +59,8 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v3/pay/transactions/out-trade-no/{no}/close", s.handle(fault.OpClose, s.close))
 	m.HandleFunc("POST /v3/refund/domestic/refunds", s.handle(fault.OpRefund, s.refund))
 	m.HandleFunc("GET /v3/refund/domestic/refunds/{no}", s.handle(fault.OpQueryRefund, s.queryRefund))
+	m.HandleFunc("GET /v3/bill/tradebill", s.handle(fault.OpStatement, s.tradeBill))
+	m.HandleFunc("GET /v3/billdownload/file", s.downloadBill)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.unknown = append(s.unknown, r.Method+" "+r.URL.Path)
