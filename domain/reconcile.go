@@ -2,7 +2,6 @@ package domain
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -44,8 +43,9 @@ type Locker interface {
 	TryLock(ctx context.Context, name string, ttl time.Duration) (unlock func(), ok bool, err error)
 }
 
-// ErrReconcileRunning is returned when another process is reconciling.
-var ErrReconcileRunning = errors.New("another kami process is reconciling")
+// ErrReconcileRunning is returned when another process is reconciling:
+// CONFLICT, to be tried again once it is done.
+var ErrReconcileRunning error = Errorf(ECONFLICT, "another kami process is reconciling; try again when it is done")
 
 // Reconciler is the nightly safety net behind the queues: it closes every
 // PENDING order overdue by more than StragglerAge through the one close
@@ -182,6 +182,17 @@ func (r *Reconciler) Run(ctx context.Context) (*ReconcileRun, error) {
 		r.OnRun(*run)
 	}
 	return run, nil
+}
+
+// RunFor runs the reconciliation now for actor (an admin) and notes it in
+// the audit log. Errors as Run.
+func (r *Reconciler) RunFor(ctx context.Context, actor string) (*ReconcileRun, error) {
+	run, err := r.Run(ctx)
+	if err != nil {
+		return run, err
+	}
+	l := r.Shop.Ledger
+	return run, audit(ctx, l.db, l.now(), actor, "reconcile.run", fmt.Sprint(run.ID), run.Summary)
 }
 
 func (r *Reconciler) alert(ctx context.Context, a Alert) {
