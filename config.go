@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/robfig/cron/v3"
+
 	"kami/domain"
 	"kami/queue"
 )
@@ -29,6 +31,11 @@ type Config struct {
 	OrderTTL      time.Duration // KAMI_ORDER_TTL, default 15m
 	RefundBackoff []time.Duration
 	ReconcileCron string // KAMI_RECONCILE_CRON, default "0 30 3 * * *" (03:30 daily, with seconds)
+	// StatementCron is KAMI_STATEMENT_CRON: when the gateways' statements
+	// are reconciled. Default "CRON_TZ=Asia/Shanghai 0 30 10 * * *": the
+	// gateways publish the day before's statement in the morning, Beijing
+	// time (WeChat Pay after 10:00).
+	StatementCron string
 	LatePayment   domain.LatePaymentPolicy
 	MaxQuantity   int // KAMI_MAX_QUANTITY, default 100
 	MaxPendingPerContact,
@@ -119,6 +126,10 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		bad("KAMI_REFUND_BACKOFF", err.Error())
 	}
 	c.ReconcileCron = or(getenv("KAMI_RECONCILE_CRON"), "0 30 3 * * *")
+	c.StatementCron = or(getenv("KAMI_STATEMENT_CRON"), "CRON_TZ=Asia/Shanghai 0 30 10 * * *")
+	if _, err := cronParser.Parse(c.StatementCron); err != nil {
+		bad("KAMI_STATEMENT_CRON", "want a cron spec with seconds, like CRON_TZ=Asia/Shanghai 0 30 10 * * *")
+	}
 	switch lp := domain.LatePaymentPolicy(or(getenv("KAMI_LATE_PAYMENT"), string(domain.LateRefund))); lp {
 	case domain.LateRefund, domain.LateDeliver:
 		c.LatePayment = lp
@@ -160,6 +171,9 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	}
 	return c, errors.Join(errs...)
 }
+
+// cronParser reads cron specs as the server's cron does (cron.WithSeconds).
+var cronParser = cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // ensureSecrets fills the secrets left unset from files in the data dir,
 // generating them there on the first start.

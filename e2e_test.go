@@ -49,7 +49,7 @@ type alipayApp struct {
 
 func newAlipayApp(t *testing.T, s stack, extra env) *alipayApp {
 	t.Helper()
-	emu, err := alipayemu.New(alipayemu.Options{Hold: 3 * time.Second, Slow: 50 * time.Millisecond})
+	emu, err := alipayemu.New(alipayemu.Options{Hold: 3 * time.Second, Slow: 50 * time.Millisecond, EarlyStatements: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,9 @@ type metrics struct {
 	alerts         *prometheus.CounterVec
 	violations     prometheus.Gauge
 	reconciled     *prometheus.GaugeVec
+	statementRuns  *prometheus.CounterVec
+	statementDiffs *prometheus.CounterVec
+	statementDone  *prometheus.GaugeVec
 
 	// closeOK and closeAll count this process's close attempts for the
 	// stats query's close success rate.
@@ -75,8 +78,17 @@ func newMetrics(queues func(context.Context) ([]queueStat, error)) *metrics {
 	m.reconciled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kami_reconcile_last",
 		Help: "Figures of the last reconciliation run: closed stragglers, stale refunds, rescheduled tasks, repaired counters, and its end as a Unix time."},
 		[]string{"figure"})
+	m.statementRuns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_statement_runs_total",
+		Help: "Statement reconciliation runs, by provider, source (STATEMENT, QUERY) and status (DONE, NOT_READY, FAILED)."},
+		[]string{"provider", "source", "status"})
+	m.statementDiffs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_statement_differences_total",
+		Help: "Differences the statement reconciliation found, by provider, kind and what was done (action)."},
+		[]string{"provider", "kind", "action"})
+	m.statementDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kami_statement_last_done_unix",
+		Help: "When a statement of the provider was last reconciled to the end (DONE), as a Unix time."}, []string{"provider"})
 	for _, c := range []prometheus.Collector{m.ordersPlaced, m.ordersRefused, m.closes, m.closeFailures, m.closeLatency,
-		m.payments, m.refundAttempts, m.webhooks, m.graphql, m.alerts, m.violations, m.reconciled} {
+		m.payments, m.refundAttempts, m.webhooks, m.graphql, m.alerts, m.violations, m.reconciled,
+		m.statementRuns, m.statementDiffs, m.statementDone} {
 		f(c)
 	}
 	f(collectors.NewGoCollector())
@@ -126,6 +138,18 @@ func (m *metrics) Reconciled(run domain.ReconcileRun) {
 		m.reconciled.WithLabelValues(figure).Set(v)
 	}
 }
+
+// StatementRun records a finished statement run and its differences.
+func (m *metrics) StatementRun(run domain.StatementRun, diffs []domain.StatementDifference) {
+	m.statementRuns.WithLabelValues(run.Provider, string(run.Source), string(run.Status)).Inc()
+	for _, d := range diffs {
+		m.statementDiffs.WithLabelValues(run.Provider, string(d.Kind), string(d.Action)).Inc()
+	}
+	if run.Source == domain.SourceStatement && run.Status == domain.RunDone {
+		m.statementDone.WithLabelValues(run.Provider).Set(float64(run.FinishedAt.Unix()))
+	}
+}
+
 func (m *metrics) PaymentRecorded(outcome domain.PaymentOutcome) {
 	m.payments.WithLabelValues(string(outcome)).Inc()
 }

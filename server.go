@@ -210,6 +210,7 @@ type app struct {
 	alerts     *alerter
 	workers    *queue.Workers
 	reconciler *domain.Reconciler
+	statements *domain.StatementReconciler
 	cron       *cron.Cron
 	handler    http.Handler
 	closers    []func(context.Context) error // run in reverse order at shutdown
@@ -258,6 +259,8 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	a.workers = queue.NewWorkers(cfg.Workers, rdb, a.keys, a.shop, a.ledger, logger)
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
 		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled}
+	a.statements = &domain.StatementReconciler{Shop: a.shop, Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts,
+		OnRun: a.metrics.StatementRun}
 	a.handler = a.routes(events)
 	return a, nil
 }
@@ -280,6 +283,9 @@ func (a *app) start(ctx context.Context) error {
 	a.cron = cron.New(cron.WithSeconds(), cron.WithChain(cron.Recover(cronLog{a.log}), cron.SkipIfStillRunning(cronLog{a.log})))
 	if _, err := a.cron.AddFunc(a.cfg.ReconcileCron, func() { a.reconcile(context.Background()) }); err != nil {
 		return fmt.Errorf("KAMI_RECONCILE_CRON: %w", err)
+	}
+	if _, err := a.cron.AddFunc(a.cfg.StatementCron, func() { a.reconcileStatements(context.Background()) }); err != nil {
+		return fmt.Errorf("KAMI_STATEMENT_CRON: %w", err)
 	}
 	a.cron.Start()
 	a.closers = append(a.closers, func(ctx context.Context) error {
@@ -307,6 +313,16 @@ func (a *app) reconcile(ctx context.Context) (*domain.ReconcileRun, error) {
 		a.log.Info("reconcile: " + run.Summary)
 	}
 	return run, err
+}
+
+// reconcileStatements runs the scheduled statement reconciliation; each
+// run logs its own line.
+func (a *app) reconcileStatements(ctx context.Context) {
+	if _, err := a.statements.Run(ctx, ""); errors.Is(err, domain.ErrReconcileRunning) {
+		a.log.Info("statement reconciliation skipped: another process is running it")
+	} else if err != nil {
+		a.log.Error("statement reconciliation failed", "err", err)
+	}
 }
 
 // queueStats reads both delay queues for /metrics and the stats query.
@@ -361,6 +377,7 @@ const maxWebhookBody = 64 << 10
 func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/graphql", graph.NewHandler(graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
+		Reconciler: a.reconciler, Statements: a.statements,
 		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL}))
 	mux.Handle("GET /{$}", graph.Playground())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))

@@ -215,24 +215,56 @@ func (r *StatementReconciler) lock(ctx context.Context) (func(), error) {
 
 // Run is the scheduled reconciliation: for each enabled provider that
 // publishes statements, every day of the last CatchUpDays not reconciled
-// yet (yesterday, on a normal day), then the orders closed since the last
-// reconciled statement, asked about one by one. It returns the runs it
-// recorded. actor names who asked, for the audit log ("" for the
-// schedule).
+// yet (yesterday, on a normal day), then, for every provider, the orders
+// closed since its last reconciled statement, asked about one by one. It
+// returns the runs it recorded. actor names who asked, for the audit log
+// ("" for the schedule). CONFLICT (ErrReconcileRunning) when another
+// process is reconciling.
 func (r *StatementReconciler) Run(ctx context.Context, actor string) ([]StatementRun, error) {
+	return r.RunNow(ctx, actor, "", providers.Day{})
+}
+
+// RunNow is Run for one provider (provider not empty) or, with day, the
+// reconciliation of that day's statement only, whether or not it was
+// reconciled before (a second run settles nothing twice). NOT_FOUND for a
+// provider not enabled, BAD_INPUT for a day not yet begun or a provider
+// that publishes no statement, CONFLICT when another process is
+// reconciling.
+func (r *StatementReconciler) RunNow(ctx context.Context, actor, provider string, day providers.Day) ([]StatementRun, error) {
+	l := r.Shop.Ledger
+	names := r.Shop.Providers.Names()
+	if provider != "" {
+		p, ok := r.Shop.Providers.Get(provider)
+		if !ok {
+			return nil, Errorf(ENOTFOUND, "provider %q is not enabled; enabled: %v", truncate(provider, 16), names)
+		}
+		if _, ok := p.(providers.StatementSource); !ok && !day.IsZero() {
+			return nil, Errorf(EBADINPUT, "%s publishes no statement", provider)
+		}
+		names = []string{provider}
+	}
+	now := l.now()
+	today := providers.DayOf(now)
+	if today.Before(day) {
+		return nil, Errorf(EBADINPUT, "the statement of a day that has not begun cannot be had")
+	}
 	unlock, err := r.lock(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	l := r.Shop.Ledger
-	now := l.now()
-	today := providers.DayOf(now)
 	var runs []StatementRun
-	for _, name := range r.Shop.Providers.Names() {
+	for _, name := range names {
 		p, _ := r.Shop.Providers.Get(name)
+		src, hasStatements := p.(providers.StatementSource)
+		if !day.IsZero() {
+			if hasStatements {
+				runs = append(runs, *r.reconcileDay(ctx, src, day))
+			}
+			continue
+		}
 		since := now.Add(-24 * time.Hour)
-		if src, ok := p.(providers.StatementSource); ok {
+		if hasStatements {
 			oldest := today.AddDays(-r.catchUpDays())
 			for d := oldest; d.Before(today); d = d.AddDays(1) {
 				done, err := r.reconciled(ctx, name, d)
@@ -259,42 +291,29 @@ func (r *StatementReconciler) Run(ctx context.Context, actor string) ([]Statemen
 		runs = append(runs, *r.checkRecent(ctx, p, since))
 	}
 	if actor != "" {
-		if err := audit(ctx, l.db, l.now(), actor, "statements.run", "all", fmt.Sprintf("%d runs", len(runs))); err != nil {
+		target := firstOf(provider, "all") + " " + firstOf(day.String(), "scheduled")
+		if err := audit(ctx, l.db, l.now(), actor, "statements.run", target, fmt.Sprintf("%d runs", len(runs))); err != nil {
 			return runs, err
 		}
 	}
 	return runs, nil
 }
 
-// Reconcile reconciles provider's statement of day now, whether or not
-// that day was reconciled before: a second run settles nothing twice.
-// NOT_FOUND for a provider not enabled, BAD_INPUT for one without
-// statements or a day not yet begun, CONFLICT (ErrReconcileRunning) when
-// another process is reconciling.
+// Reconcile is RunNow for one provider's statement of one day.
 func (r *StatementReconciler) Reconcile(ctx context.Context, actor, provider string, day providers.Day) (*StatementRun, error) {
-	return r.one(ctx, actor, "statements.reconcile", provider, func(p providers.Provider) (*StatementRun, error) {
-		src, ok := p.(providers.StatementSource)
-		if !ok {
-			return nil, Errorf(EBADINPUT, "%s publishes no statement", provider)
-		}
-		if day.IsZero() || providers.DayOf(r.Shop.Ledger.now()).Before(day) {
-			return nil, Errorf(EBADINPUT, "the statement of a day that has not begun cannot be had")
-		}
-		return r.reconcileDay(ctx, src, day), nil
-	})
+	if day.IsZero() {
+		return nil, Errorf(EBADINPUT, "which day?")
+	}
+	runs, err := r.RunNow(ctx, actor, provider, day)
+	if err != nil {
+		return nil, err
+	}
+	return &runs[0], nil
 }
 
 // CheckRecent asks provider about every order CLOSED since since, and
-// settles a payment found. Errors as Reconcile.
+// settles a payment found. Errors as RunNow.
 func (r *StatementReconciler) CheckRecent(ctx context.Context, actor, provider string, since time.Time) (*StatementRun, error) {
-	return r.one(ctx, actor, "statements.check_recent", provider, func(p providers.Provider) (*StatementRun, error) {
-		return r.checkRecent(ctx, p, since), nil
-	})
-}
-
-// one runs fn for provider under the lock, and notes it in the audit log
-// for actor.
-func (r *StatementReconciler) one(ctx context.Context, actor, action, provider string, fn func(providers.Provider) (*StatementRun, error)) (*StatementRun, error) {
 	p, ok := r.Shop.Providers.Get(provider)
 	if !ok {
 		return nil, Errorf(ENOTFOUND, "provider %q is not enabled; enabled: %v", truncate(provider, 16), r.Shop.Providers.Names())
@@ -304,12 +323,12 @@ func (r *StatementReconciler) one(ctx context.Context, actor, action, provider s
 		return nil, err
 	}
 	defer unlock()
-	run, err := fn(p)
-	if err != nil || actor == "" {
-		return run, err
+	run := r.checkRecent(ctx, p, since)
+	if actor != "" {
+		l := r.Shop.Ledger
+		return run, audit(ctx, l.db, l.now(), actor, "statements.check_recent", provider, fmt.Sprintf("run %d: %s", run.ID, run.Status))
 	}
-	l := r.Shop.Ledger
-	return run, audit(ctx, l.db, l.now(), actor, action, provider+" "+run.BillDate, fmt.Sprintf("run %d: %s", run.ID, run.Status))
+	return run, nil
 }
 
 // reconciled reports whether provider's statement of day was reconciled.

@@ -71,6 +71,11 @@ type Config struct {
 	// Stats feeds the queue and rate figures of the stats query; nil:
 	// those are empty.
 	Stats StatsSource
+	// Reconciler and Statements run the nightly reconciliation and the
+	// statement reconciliation for runReconciliation and
+	// reconcileStatements; nil: those answer UNAVAILABLE.
+	Reconciler *domain.Reconciler
+	Statements *domain.StatementReconciler
 	// AdminToken is KAMI_ADMIN_TOKEN; an empty token admits nobody.
 	AdminToken string
 	Logger     *slog.Logger
@@ -216,6 +221,12 @@ func newSchemaConfig(cfg Config) generated.Config {
 		return 1 + page(first)*child
 	}
 	c.Complexity.Query.Refunds = func(child int, _ *domain.RefundStatus, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.StatementRuns = func(child int, _ *string, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.StatementDifferences = func(child int, _ *int64, _ *bool, first *int, _ *string) int {
 		return 1 + page(first)*child
 	}
 	return c

@@ -31,12 +31,18 @@ type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
 	Card() CardResolver
+	GatewayRefund() GatewayRefundResolver
+	GatewayTrade() GatewayTradeResolver
 	Mutation() MutationResolver
 	Order() OrderResolver
 	Product() ProductResolver
 	Query() QueryResolver
+	ReconcileRun() ReconcileRunResolver
 	Refund() RefundResolver
+	StatementDifference() StatementDifferenceResolver
+	StatementRun() StatementRunResolver
 	Subscription() SubscriptionResolver
+	SyncOrderPayload() SyncOrderPayloadResolver
 }
 
 type DirectiveRoot struct {
@@ -68,19 +74,41 @@ type ComplexityRoot struct {
 		Payment     func(childComplexity int) int
 	}
 
+	GatewayRefund struct {
+		Action   func(childComplexity int) int
+		Amount   func(childComplexity int) int
+		Answered func(childComplexity int) int
+		Detail   func(childComplexity int) int
+		Refund   func(childComplexity int) int
+		Status   func(childComplexity int) int
+	}
+
+	GatewayTrade struct {
+		Action   func(childComplexity int) int
+		Amount   func(childComplexity int) int
+		Answered func(childComplexity int) int
+		Detail   func(childComplexity int) int
+		PaidAt   func(childComplexity int) int
+		Status   func(childComplexity int) int
+		TradeNo  func(childComplexity int) int
+	}
+
 	ImportCardsPayload struct {
 		Duplicates func(childComplexity int) int
 		Imported   func(childComplexity int) int
 	}
 
 	Mutation struct {
-		CancelOrder   func(childComplexity int, orderNo string, accessToken string) int
-		CreateOrder   func(childComplexity int, input model.CreateOrderInput) int
-		CreateProduct func(childComplexity int, input model.CreateProductInput) int
-		ImportCards   func(childComplexity int, productID int64, codes []string) int
-		RefundOrder   func(childComplexity int, orderNo string, reason *string) int
-		RetryRefund   func(childComplexity int, refundNo string) int
-		UpdateProduct func(childComplexity int, id int64, input model.UpdateProductInput) int
+		CancelOrder         func(childComplexity int, orderNo string, accessToken string) int
+		CreateOrder         func(childComplexity int, input model.CreateOrderInput) int
+		CreateProduct       func(childComplexity int, input model.CreateProductInput) int
+		ImportCards         func(childComplexity int, productID int64, codes []string) int
+		ReconcileStatements func(childComplexity int, provider *string, date *string) int
+		RefundOrder         func(childComplexity int, orderNo string, reason *string) int
+		RetryRefund         func(childComplexity int, refundNo string) int
+		RunReconciliation   func(childComplexity int) int
+		SyncOrder           func(childComplexity int, orderNo string) int
+		UpdateProduct       func(childComplexity int, id int64, input model.UpdateProductInput) int
 	}
 
 	Order struct {
@@ -141,19 +169,34 @@ type ComplexityRoot struct {
 	}
 
 	Query struct {
-		Cards    func(childComplexity int, productID *int64, status *domain.CardStatus, first *int, after *string) int
-		Order    func(childComplexity int, orderNo string, accessToken *string) int
-		Orders   func(childComplexity int, filter *model.OrderFilter, first *int, after *string) int
-		Product  func(childComplexity int, id int64) int
-		Products func(childComplexity int, all *bool) int
-		Refunds  func(childComplexity int, status *domain.RefundStatus, first *int, after *string) int
-		Stats    func(childComplexity int) int
+		Cards                func(childComplexity int, productID *int64, status *domain.CardStatus, first *int, after *string) int
+		Order                func(childComplexity int, orderNo string, accessToken *string) int
+		Orders               func(childComplexity int, filter *model.OrderFilter, first *int, after *string) int
+		Product              func(childComplexity int, id int64) int
+		Products             func(childComplexity int, all *bool) int
+		Refunds              func(childComplexity int, status *domain.RefundStatus, first *int, after *string) int
+		StatementDifferences func(childComplexity int, runID *int64, needsPerson *bool, first *int, after *string) int
+		StatementRuns        func(childComplexity int, provider *string, first *int, after *string) int
+		Stats                func(childComplexity int) int
 	}
 
 	QueueStat struct {
 		Backlog              func(childComplexity int) int
 		Name                 func(childComplexity int) int
 		OldestOverdueSeconds func(childComplexity int) int
+	}
+
+	ReconcileRun struct {
+		ClosedStragglers func(childComplexity int) int
+		CountersRepaired func(childComplexity int) int
+		Error            func(childComplexity int) int
+		FinishedAt       func(childComplexity int) int
+		ID               func(childComplexity int) int
+		Rescheduled      func(childComplexity int) int
+		StaleRefunds     func(childComplexity int) int
+		StartedAt        func(childComplexity int) int
+		Summary          func(childComplexity int) int
+		Violations       func(childComplexity int) int
 	}
 
 	Refund struct {
@@ -179,6 +222,63 @@ type ComplexityRoot struct {
 		Node   func(childComplexity int) int
 	}
 
+	StatementDifference struct {
+		Action        func(childComplexity int) int
+		BillDate      func(childComplexity int) int
+		CreatedAt     func(childComplexity int) int
+		Detail        func(childComplexity int) int
+		GatewayAmount func(childComplexity int) int
+		ID            func(childComplexity int) int
+		KamiAmount    func(childComplexity int) int
+		Kind          func(childComplexity int) int
+		NeedsPerson   func(childComplexity int) int
+		Order         func(childComplexity int) int
+		OrderNo       func(childComplexity int) int
+		Provider      func(childComplexity int) int
+		RefundNo      func(childComplexity int) int
+		RunID         func(childComplexity int) int
+		TradeNo       func(childComplexity int) int
+	}
+
+	StatementDifferenceConnection struct {
+		Edges    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	StatementDifferenceEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
+	StatementRun struct {
+		BillDate    func(childComplexity int) int
+		Differences func(childComplexity int) int
+		Error       func(childComplexity int) int
+		FinishedAt  func(childComplexity int) int
+		ID          func(childComplexity int) int
+		Matched     func(childComplexity int) int
+		NeedsPerson func(childComplexity int) int
+		Provider    func(childComplexity int) int
+		RefundFen   func(childComplexity int) int
+		Refunds     func(childComplexity int) int
+		Settled     func(childComplexity int) int
+		Source      func(childComplexity int) int
+		StartedAt   func(childComplexity int) int
+		Status      func(childComplexity int) int
+		TradeFen    func(childComplexity int) int
+		Trades      func(childComplexity int) int
+	}
+
+	StatementRunConnection struct {
+		Edges    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	StatementRunEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
 	Stats struct {
 		CloseSuccessRate  func(childComplexity int) int
 		Queues            func(childComplexity int) int
@@ -188,6 +288,12 @@ type ComplexityRoot struct {
 
 	Subscription struct {
 		OrderStatusChanged func(childComplexity int, orderNo string, accessToken *string) int
+	}
+
+	SyncOrderPayload struct {
+		Order   func(childComplexity int) int
+		Refunds func(childComplexity int) int
+		Trade   func(childComplexity int) int
 	}
 }
 
@@ -202,6 +308,16 @@ type CardResolver interface {
 
 	Code(ctx context.Context, obj *domain.Card) (*string, error)
 }
+type GatewayRefundResolver interface {
+	Status(ctx context.Context, obj *domain.SyncRefund) (*providers.RefundState, error)
+	Amount(ctx context.Context, obj *domain.SyncRefund) (*int64, error)
+}
+type GatewayTradeResolver interface {
+	Status(ctx context.Context, obj *domain.SyncTrade) (*providers.TradeStatus, error)
+	TradeNo(ctx context.Context, obj *domain.SyncTrade) (*string, error)
+	Amount(ctx context.Context, obj *domain.SyncTrade) (*int64, error)
+	PaidAt(ctx context.Context, obj *domain.SyncTrade) (*time.Time, error)
+}
 type MutationResolver interface {
 	CreateProduct(ctx context.Context, input model.CreateProductInput) (*domain.Product, error)
 	UpdateProduct(ctx context.Context, id int64, input model.UpdateProductInput) (*domain.Product, error)
@@ -210,6 +326,9 @@ type MutationResolver interface {
 	CancelOrder(ctx context.Context, orderNo string, accessToken string) (*model.Order, error)
 	RefundOrder(ctx context.Context, orderNo string, reason *string) (*domain.Refund, error)
 	RetryRefund(ctx context.Context, refundNo string) (*domain.Refund, error)
+	SyncOrder(ctx context.Context, orderNo string) (*domain.SyncResult, error)
+	RunReconciliation(ctx context.Context) (*domain.ReconcileRun, error)
+	ReconcileStatements(ctx context.Context, provider *string, date *string) ([]*domain.StatementRun, error)
 }
 type OrderResolver interface {
 	Product(ctx context.Context, obj *model.Order) (*domain.Product, error)
@@ -228,14 +347,34 @@ type QueryResolver interface {
 	Cards(ctx context.Context, productID *int64, status *domain.CardStatus, first *int, after *string) (*model.CardConnection, error)
 	Refunds(ctx context.Context, status *domain.RefundStatus, first *int, after *string) (*model.RefundConnection, error)
 	Stats(ctx context.Context) (*model.Stats, error)
+	StatementRuns(ctx context.Context, provider *string, first *int, after *string) (*model.StatementRunConnection, error)
+	StatementDifferences(ctx context.Context, runID *int64, needsPerson *bool, first *int, after *string) (*model.StatementDifferenceConnection, error)
+}
+type ReconcileRunResolver interface {
+	Error(ctx context.Context, obj *domain.ReconcileRun) (*string, error)
 }
 type RefundResolver interface {
 	Order(ctx context.Context, obj *domain.Refund) (*model.Order, error)
 
 	LastError(ctx context.Context, obj *domain.Refund) (*string, error)
 }
+type StatementDifferenceResolver interface {
+	OrderNo(ctx context.Context, obj *domain.StatementDifference) (*string, error)
+	TradeNo(ctx context.Context, obj *domain.StatementDifference) (*string, error)
+	RefundNo(ctx context.Context, obj *domain.StatementDifference) (*string, error)
+	GatewayAmount(ctx context.Context, obj *domain.StatementDifference) (*int64, error)
+	KamiAmount(ctx context.Context, obj *domain.StatementDifference) (*int64, error)
+
+	Order(ctx context.Context, obj *domain.StatementDifference) (*model.Order, error)
+}
+type StatementRunResolver interface {
+	Error(ctx context.Context, obj *domain.StatementRun) (*string, error)
+}
 type SubscriptionResolver interface {
 	OrderStatusChanged(ctx context.Context, orderNo string, accessToken *string) (<-chan *model.Order, error)
+}
+type SyncOrderPayloadResolver interface {
+	Order(ctx context.Context, obj *domain.SyncResult) (*model.Order, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -338,6 +477,86 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.CreateOrderPayload.Payment(childComplexity), true
 
+	case "GatewayRefund.action":
+		if e.ComplexityRoot.GatewayRefund.Action == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayRefund.Action(childComplexity), true
+	case "GatewayRefund.amount":
+		if e.ComplexityRoot.GatewayRefund.Amount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayRefund.Amount(childComplexity), true
+	case "GatewayRefund.answered":
+		if e.ComplexityRoot.GatewayRefund.Answered == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayRefund.Answered(childComplexity), true
+	case "GatewayRefund.detail":
+		if e.ComplexityRoot.GatewayRefund.Detail == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayRefund.Detail(childComplexity), true
+	case "GatewayRefund.refund":
+		if e.ComplexityRoot.GatewayRefund.Refund == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayRefund.Refund(childComplexity), true
+	case "GatewayRefund.status":
+		if e.ComplexityRoot.GatewayRefund.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayRefund.Status(childComplexity), true
+
+	case "GatewayTrade.action":
+		if e.ComplexityRoot.GatewayTrade.Action == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayTrade.Action(childComplexity), true
+	case "GatewayTrade.amount":
+		if e.ComplexityRoot.GatewayTrade.Amount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayTrade.Amount(childComplexity), true
+	case "GatewayTrade.answered":
+		if e.ComplexityRoot.GatewayTrade.Answered == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayTrade.Answered(childComplexity), true
+	case "GatewayTrade.detail":
+		if e.ComplexityRoot.GatewayTrade.Detail == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayTrade.Detail(childComplexity), true
+	case "GatewayTrade.paidAt":
+		if e.ComplexityRoot.GatewayTrade.PaidAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayTrade.PaidAt(childComplexity), true
+	case "GatewayTrade.status":
+		if e.ComplexityRoot.GatewayTrade.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayTrade.Status(childComplexity), true
+	case "GatewayTrade.tradeNo":
+		if e.ComplexityRoot.GatewayTrade.TradeNo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.GatewayTrade.TradeNo(childComplexity), true
+
 	case "ImportCardsPayload.duplicates":
 		if e.ComplexityRoot.ImportCardsPayload.Duplicates == nil {
 			break
@@ -395,6 +614,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.ImportCards(childComplexity, args["productId"].(int64), args["codes"].([]string)), true
+	case "Mutation.reconcileStatements":
+		if e.ComplexityRoot.Mutation.ReconcileStatements == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_reconcileStatements_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ReconcileStatements(childComplexity, args["provider"].(*string), args["date"].(*string)), true
 	case "Mutation.refundOrder":
 		if e.ComplexityRoot.Mutation.RefundOrder == nil {
 			break
@@ -417,6 +647,23 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.RetryRefund(childComplexity, args["refundNo"].(string)), true
+	case "Mutation.runReconciliation":
+		if e.ComplexityRoot.Mutation.RunReconciliation == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Mutation.RunReconciliation(childComplexity), true
+	case "Mutation.syncOrder":
+		if e.ComplexityRoot.Mutation.SyncOrder == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_syncOrder_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.SyncOrder(childComplexity, args["orderNo"].(string)), true
 	case "Mutation.updateProduct":
 		if e.ComplexityRoot.Mutation.UpdateProduct == nil {
 			break
@@ -719,6 +966,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Refunds(childComplexity, args["status"].(*domain.RefundStatus), args["first"].(*int), args["after"].(*string)), true
+	case "Query.statementDifferences":
+		if e.ComplexityRoot.Query.StatementDifferences == nil {
+			break
+		}
+
+		args, err := ec.field_Query_statementDifferences_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.StatementDifferences(childComplexity, args["runId"].(*int64), args["needsPerson"].(*bool), args["first"].(*int), args["after"].(*string)), true
+	case "Query.statementRuns":
+		if e.ComplexityRoot.Query.StatementRuns == nil {
+			break
+		}
+
+		args, err := ec.field_Query_statementRuns_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.StatementRuns(childComplexity, args["provider"].(*string), args["first"].(*int), args["after"].(*string)), true
 	case "Query.stats":
 		if e.ComplexityRoot.Query.Stats == nil {
 			break
@@ -744,6 +1013,67 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.QueueStat.OldestOverdueSeconds(childComplexity), true
+
+	case "ReconcileRun.closedStragglers":
+		if e.ComplexityRoot.ReconcileRun.ClosedStragglers == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.ClosedStragglers(childComplexity), true
+	case "ReconcileRun.countersRepaired":
+		if e.ComplexityRoot.ReconcileRun.CountersRepaired == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.CountersRepaired(childComplexity), true
+	case "ReconcileRun.error":
+		if e.ComplexityRoot.ReconcileRun.Error == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.Error(childComplexity), true
+	case "ReconcileRun.finishedAt":
+		if e.ComplexityRoot.ReconcileRun.FinishedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.FinishedAt(childComplexity), true
+	case "ReconcileRun.id":
+		if e.ComplexityRoot.ReconcileRun.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.ID(childComplexity), true
+	case "ReconcileRun.rescheduled":
+		if e.ComplexityRoot.ReconcileRun.Rescheduled == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.Rescheduled(childComplexity), true
+	case "ReconcileRun.staleRefunds":
+		if e.ComplexityRoot.ReconcileRun.StaleRefunds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.StaleRefunds(childComplexity), true
+	case "ReconcileRun.startedAt":
+		if e.ComplexityRoot.ReconcileRun.StartedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.StartedAt(childComplexity), true
+	case "ReconcileRun.summary":
+		if e.ComplexityRoot.ReconcileRun.Summary == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.Summary(childComplexity), true
+	case "ReconcileRun.violations":
+		if e.ComplexityRoot.ReconcileRun.Violations == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ReconcileRun.Violations(childComplexity), true
 
 	case "Refund.amount":
 		if e.ComplexityRoot.Refund.AmountFen == nil {
@@ -832,6 +1162,246 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.RefundEdge.Node(childComplexity), true
 
+	case "StatementDifference.action":
+		if e.ComplexityRoot.StatementDifference.Action == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.Action(childComplexity), true
+	case "StatementDifference.date":
+		if e.ComplexityRoot.StatementDifference.BillDate == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.BillDate(childComplexity), true
+	case "StatementDifference.createdAt":
+		if e.ComplexityRoot.StatementDifference.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.CreatedAt(childComplexity), true
+	case "StatementDifference.detail":
+		if e.ComplexityRoot.StatementDifference.Detail == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.Detail(childComplexity), true
+	case "StatementDifference.gatewayAmount":
+		if e.ComplexityRoot.StatementDifference.GatewayAmount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.GatewayAmount(childComplexity), true
+	case "StatementDifference.id":
+		if e.ComplexityRoot.StatementDifference.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.ID(childComplexity), true
+	case "StatementDifference.kamiAmount":
+		if e.ComplexityRoot.StatementDifference.KamiAmount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.KamiAmount(childComplexity), true
+	case "StatementDifference.kind":
+		if e.ComplexityRoot.StatementDifference.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.Kind(childComplexity), true
+	case "StatementDifference.needsPerson":
+		if e.ComplexityRoot.StatementDifference.NeedsPerson == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.NeedsPerson(childComplexity), true
+	case "StatementDifference.order":
+		if e.ComplexityRoot.StatementDifference.Order == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.Order(childComplexity), true
+	case "StatementDifference.orderNo":
+		if e.ComplexityRoot.StatementDifference.OrderNo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.OrderNo(childComplexity), true
+	case "StatementDifference.provider":
+		if e.ComplexityRoot.StatementDifference.Provider == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.Provider(childComplexity), true
+	case "StatementDifference.refundNo":
+		if e.ComplexityRoot.StatementDifference.RefundNo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.RefundNo(childComplexity), true
+	case "StatementDifference.runId":
+		if e.ComplexityRoot.StatementDifference.RunID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.RunID(childComplexity), true
+	case "StatementDifference.tradeNo":
+		if e.ComplexityRoot.StatementDifference.TradeNo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifference.TradeNo(childComplexity), true
+
+	case "StatementDifferenceConnection.edges":
+		if e.ComplexityRoot.StatementDifferenceConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifferenceConnection.Edges(childComplexity), true
+	case "StatementDifferenceConnection.pageInfo":
+		if e.ComplexityRoot.StatementDifferenceConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifferenceConnection.PageInfo(childComplexity), true
+
+	case "StatementDifferenceEdge.cursor":
+		if e.ComplexityRoot.StatementDifferenceEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifferenceEdge.Cursor(childComplexity), true
+	case "StatementDifferenceEdge.node":
+		if e.ComplexityRoot.StatementDifferenceEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementDifferenceEdge.Node(childComplexity), true
+
+	case "StatementRun.date":
+		if e.ComplexityRoot.StatementRun.BillDate == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.BillDate(childComplexity), true
+	case "StatementRun.differenceCount":
+		if e.ComplexityRoot.StatementRun.Differences == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Differences(childComplexity), true
+	case "StatementRun.error":
+		if e.ComplexityRoot.StatementRun.Error == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Error(childComplexity), true
+	case "StatementRun.finishedAt":
+		if e.ComplexityRoot.StatementRun.FinishedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.FinishedAt(childComplexity), true
+	case "StatementRun.id":
+		if e.ComplexityRoot.StatementRun.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.ID(childComplexity), true
+	case "StatementRun.matched":
+		if e.ComplexityRoot.StatementRun.Matched == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Matched(childComplexity), true
+	case "StatementRun.needsPerson":
+		if e.ComplexityRoot.StatementRun.NeedsPerson == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.NeedsPerson(childComplexity), true
+	case "StatementRun.provider":
+		if e.ComplexityRoot.StatementRun.Provider == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Provider(childComplexity), true
+	case "StatementRun.refundAmount":
+		if e.ComplexityRoot.StatementRun.RefundFen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.RefundFen(childComplexity), true
+	case "StatementRun.refunds":
+		if e.ComplexityRoot.StatementRun.Refunds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Refunds(childComplexity), true
+	case "StatementRun.settled":
+		if e.ComplexityRoot.StatementRun.Settled == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Settled(childComplexity), true
+	case "StatementRun.source":
+		if e.ComplexityRoot.StatementRun.Source == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Source(childComplexity), true
+	case "StatementRun.startedAt":
+		if e.ComplexityRoot.StatementRun.StartedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.StartedAt(childComplexity), true
+	case "StatementRun.status":
+		if e.ComplexityRoot.StatementRun.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Status(childComplexity), true
+	case "StatementRun.tradeAmount":
+		if e.ComplexityRoot.StatementRun.TradeFen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.TradeFen(childComplexity), true
+	case "StatementRun.trades":
+		if e.ComplexityRoot.StatementRun.Trades == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRun.Trades(childComplexity), true
+
+	case "StatementRunConnection.edges":
+		if e.ComplexityRoot.StatementRunConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRunConnection.Edges(childComplexity), true
+	case "StatementRunConnection.pageInfo":
+		if e.ComplexityRoot.StatementRunConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRunConnection.PageInfo(childComplexity), true
+
+	case "StatementRunEdge.cursor":
+		if e.ComplexityRoot.StatementRunEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRunEdge.Cursor(childComplexity), true
+	case "StatementRunEdge.node":
+		if e.ComplexityRoot.StatementRunEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StatementRunEdge.Node(childComplexity), true
+
 	case "Stats.closeSuccessRate":
 		if e.ComplexityRoot.Stats.CloseSuccessRate == nil {
 			break
@@ -868,6 +1438,25 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Subscription.OrderStatusChanged(childComplexity, args["orderNo"].(string), args["accessToken"].(*string)), true
+
+	case "SyncOrderPayload.order":
+		if e.ComplexityRoot.SyncOrderPayload.Order == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SyncOrderPayload.Order(childComplexity), true
+	case "SyncOrderPayload.refunds":
+		if e.ComplexityRoot.SyncOrderPayload.Refunds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SyncOrderPayload.Refunds(childComplexity), true
+	case "SyncOrderPayload.trade":
+		if e.ComplexityRoot.SyncOrderPayload.Trade == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SyncOrderPayload.Trade(childComplexity), true
 
 	}
 	return 0, false
@@ -975,6 +1564,238 @@ func newExecutionContext(
 }
 
 var sources = []*ast.Source{
+	{Name: "../reconcile.graphqls", Input: `# Reconciliation: the nightly run, the gateways' statements against the
+# ledger, and syncing one order with its gateway. Admins only.
+
+"What a statement run compared the ledger with."
+enum StatementSource {
+  "The gateway's statement of one day."
+  STATEMENT
+  "The orders closed since the last statement, asked about one by one."
+  QUERY
+}
+
+"How a statement run ended."
+enum StatementRunStatus {
+  DONE
+  "The gateway has not published the statement yet; a later run tries again."
+  NOT_READY
+  "No usable statement, or not everything could be checked: see error."
+  FAILED
+}
+
+"What a statement run found."
+enum DifferenceKind {
+  "Paid at the gateway while the order is PENDING in kami."
+  PAID_PENDING
+  "Paid at the gateway after the order was CLOSED in kami."
+  PAID_CLOSED
+  "A second trade paid an order already paid with another."
+  PAID_TWICE
+  "Paid at the gateway for no order kami placed with it."
+  PAID_UNKNOWN_ORDER
+  "The amount paid is not the order's (or not the one kami recorded)."
+  AMOUNT_MISMATCH
+  "A refund at the gateway that kami never made."
+  REFUND_UNKNOWN
+  "A refund of another amount than kami's."
+  REFUND_AMOUNT_MISMATCH
+  "Refunded at the gateway, not yet SUCCEEDED in kami."
+  REFUND_UNCONFIRMED
+  "SUCCEEDED in kami, but in neither the statement nor the gateway's answer."
+  REFUND_MISSING
+  "A payment kami recorded (and delivered on) that the gateway does not have."
+  PAYMENT_MISSING
+}
+
+"What kami did about what it found at a gateway."
+enum SettleAction {
+  "The payment was recorded and the order delivered."
+  DELIVERED
+  "The payment came after the close: it is being refunded (KAMI_LATE_PAYMENT=refund)."
+  LATE_REFUND
+  "The payment came after the close and the order was delivered with its own cards (KAMI_LATE_PAYMENT=deliver)."
+  LATE_DELIVERED
+  "A second payment for a paid order: it is being refunded."
+  DUPLICATE_REFUND
+  "The refund is now SUCCEEDED."
+  REFUND_CONFIRMED
+  "A person was alerted: this needs one."
+  ALERTED
+  "Alerted by an earlier run; it still needs a person."
+  ALREADY_REPORTED
+  "Settling failed (see detail); the next run tries again."
+  FAILED
+  "Nothing to do."
+  NONE
+}
+
+"A gateway's view of a trade."
+enum GatewayTradeStatus {
+  NOT_FOUND
+  WAITING
+  PAID
+  CLOSED
+}
+
+"A gateway's view of a refund."
+enum GatewayRefundStatus {
+  SUCCEEDED
+  PROCESSING
+  FAILED
+  NOT_FOUND
+}
+
+"One comparison of the ledger with a gateway's books."
+type StatementRun {
+  id: ID!
+  provider: String!
+  "The statement's day in the gateway's time zone (Beijing), like 2026-12-01; for a QUERY run, the day it ran."
+  date: String!
+  source: StatementSource!
+  status: StatementRunStatus!
+  startedAt: Time!
+  finishedAt: Time!
+  "Trades in the statement (for a QUERY run: orders asked about)."
+  trades: Int!
+  "Refunds in the statement."
+  refunds: Int!
+  tradeAmount: Money!
+  refundAmount: Money!
+  "Lines that agreed with the ledger."
+  matched: Int!
+  "Differences found: see statementDifferences(runId)."
+  differenceCount: Int!
+  "Differences put right by the run."
+  settled: Int!
+  "Differences that need a person."
+  needsPerson: Int!
+  "What failed, if anything."
+  error: String
+}
+
+"One difference between the ledger and a gateway's books, and what was done."
+type StatementDifference {
+  id: ID!
+  runId: ID!
+  provider: String!
+  date: String!
+  kind: DifferenceKind!
+  orderNo: String
+  tradeNo: String
+  refundNo: String
+  "The amount in the gateway's books; null when they have none."
+  gatewayAmount: Money
+  "The amount in kami's ledger; null when it has none."
+  kamiAmount: Money
+  action: SettleAction!
+  needsPerson: Boolean!
+  detail: String!
+  createdAt: Time!
+  "kami's order, when it has one."
+  order: Order
+}
+
+type StatementRunEdge {
+  cursor: String!
+  node: StatementRun!
+}
+
+type StatementRunConnection {
+  edges: [StatementRunEdge!]!
+  pageInfo: PageInfo!
+}
+
+type StatementDifferenceEdge {
+  cursor: String!
+  node: StatementDifference!
+}
+
+type StatementDifferenceConnection {
+  edges: [StatementDifferenceEdge!]!
+  pageInfo: PageInfo!
+}
+
+"One run of the nightly reconciliation."
+type ReconcileRun {
+  id: ID!
+  startedAt: Time!
+  finishedAt: Time!
+  "PENDING orders overdue by more than 30 minutes, closed."
+  closedStragglers: Int!
+  "Refunds PROCESSING for more than a day, reported."
+  staleRefunds: Int!
+  "Schedules Redis had lost, restored."
+  rescheduled: Int!
+  "Stock counters set from the database."
+  countersRepaired: Int!
+  "Ledger invariant violations found by the audit."
+  violations: Int!
+  summary: String!
+  "What part failed, if any; the other parts still ran."
+  error: String
+}
+
+"What the gateway said about an order's trade, and what kami did."
+type GatewayTrade {
+  "False when the gateway could not be asked: detail says why, nothing was done."
+  answered: Boolean!
+  status: GatewayTradeStatus
+  tradeNo: String
+  amount: Money
+  paidAt: Time
+  action: SettleAction!
+  detail: String!
+}
+
+"What the gateway said about one refund, and what kami did."
+type GatewayRefund {
+  "The refund as it is now."
+  refund: Refund!
+  "False when the gateway could not be asked: detail says why, nothing was done."
+  answered: Boolean!
+  status: GatewayRefundStatus
+  "What the gateway says it refunded; null when it did not say."
+  amount: Money
+  action: SettleAction!
+  detail: String!
+}
+
+type SyncOrderPayload {
+  "The order as it is now."
+  order: Order!
+  trade: GatewayTrade!
+  refunds: [GatewayRefund!]!
+}
+
+extend type Query {
+  "Admins: statement runs, newest first."
+  statementRuns(provider: String, first: Int = 20, after: String): StatementRunConnection!
+  "Admins: differences found, newest first: those of one run, or with needsPerson only those that need a person."
+  statementDifferences(runId: ID, needsPerson: Boolean = false, first: Int = 20, after: String): StatementDifferenceConnection!
+}
+
+extend type Mutation {
+  """
+  Admins: ask the order's gateway about its trade and its refunds now and
+  apply the answer the way a notification would be (a buyer says they
+  paid): a payment kami missed is delivered, or refunded if the order had
+  closed; a refund the gateway made is confirmed. Never refunds at the
+  gateway. Safe to repeat.
+  """
+  syncOrder(orderNo: String!): SyncOrderPayload!
+  "Admins: run the nightly reconciliation now, in this server. CONFLICT while another process runs it."
+  runReconciliation: ReconcileRun!
+  """
+  Admins: reconcile the gateways' statements now. With date (2026-12-01),
+  that day's statement of provider, or of every provider that publishes
+  one; without, what the scheduled run does: every recent day not
+  reconciled yet, then the orders closed since, asked about one by one.
+  CONFLICT while another process runs it.
+  """
+  reconcileStatements(provider: String, date: String): [StatementRun!]!
+}
+`, BuiltIn: false},
 	{Name: "../schema.graphqls", Input: `"""
 An exact amount of yuan as a decimal string with two places: "12.50".
 Never a float. Input accepts "12", "12.5" or "12.50" (at most two decimals).
@@ -1304,6 +2125,44 @@ func (ec *executionContext) childFields_CreateOrderPayload(ctx context.Context, 
 	return nil, fmt.Errorf("no field named %q was found under type CreateOrderPayload", field.Name)
 }
 
+func (ec *executionContext) childFields_GatewayRefund(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "refund":
+		return ec.fieldContext_GatewayRefund_refund(ctx, field)
+	case "answered":
+		return ec.fieldContext_GatewayRefund_answered(ctx, field)
+	case "status":
+		return ec.fieldContext_GatewayRefund_status(ctx, field)
+	case "amount":
+		return ec.fieldContext_GatewayRefund_amount(ctx, field)
+	case "action":
+		return ec.fieldContext_GatewayRefund_action(ctx, field)
+	case "detail":
+		return ec.fieldContext_GatewayRefund_detail(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type GatewayRefund", field.Name)
+}
+
+func (ec *executionContext) childFields_GatewayTrade(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "answered":
+		return ec.fieldContext_GatewayTrade_answered(ctx, field)
+	case "status":
+		return ec.fieldContext_GatewayTrade_status(ctx, field)
+	case "tradeNo":
+		return ec.fieldContext_GatewayTrade_tradeNo(ctx, field)
+	case "amount":
+		return ec.fieldContext_GatewayTrade_amount(ctx, field)
+	case "paidAt":
+		return ec.fieldContext_GatewayTrade_paidAt(ctx, field)
+	case "action":
+		return ec.fieldContext_GatewayTrade_action(ctx, field)
+	case "detail":
+		return ec.fieldContext_GatewayTrade_detail(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type GatewayTrade", field.Name)
+}
+
 func (ec *executionContext) childFields_ImportCardsPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "imported":
@@ -1440,6 +2299,32 @@ func (ec *executionContext) childFields_QueueStat(ctx context.Context, field gra
 	return nil, fmt.Errorf("no field named %q was found under type QueueStat", field.Name)
 }
 
+func (ec *executionContext) childFields_ReconcileRun(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_ReconcileRun_id(ctx, field)
+	case "startedAt":
+		return ec.fieldContext_ReconcileRun_startedAt(ctx, field)
+	case "finishedAt":
+		return ec.fieldContext_ReconcileRun_finishedAt(ctx, field)
+	case "closedStragglers":
+		return ec.fieldContext_ReconcileRun_closedStragglers(ctx, field)
+	case "staleRefunds":
+		return ec.fieldContext_ReconcileRun_staleRefunds(ctx, field)
+	case "rescheduled":
+		return ec.fieldContext_ReconcileRun_rescheduled(ctx, field)
+	case "countersRepaired":
+		return ec.fieldContext_ReconcileRun_countersRepaired(ctx, field)
+	case "violations":
+		return ec.fieldContext_ReconcileRun_violations(ctx, field)
+	case "summary":
+		return ec.fieldContext_ReconcileRun_summary(ctx, field)
+	case "error":
+		return ec.fieldContext_ReconcileRun_error(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ReconcileRun", field.Name)
+}
+
 func (ec *executionContext) childFields_Refund(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "refundNo":
@@ -1486,6 +2371,120 @@ func (ec *executionContext) childFields_RefundEdge(ctx context.Context, field gr
 	return nil, fmt.Errorf("no field named %q was found under type RefundEdge", field.Name)
 }
 
+func (ec *executionContext) childFields_StatementDifference(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_StatementDifference_id(ctx, field)
+	case "runId":
+		return ec.fieldContext_StatementDifference_runId(ctx, field)
+	case "provider":
+		return ec.fieldContext_StatementDifference_provider(ctx, field)
+	case "date":
+		return ec.fieldContext_StatementDifference_date(ctx, field)
+	case "kind":
+		return ec.fieldContext_StatementDifference_kind(ctx, field)
+	case "orderNo":
+		return ec.fieldContext_StatementDifference_orderNo(ctx, field)
+	case "tradeNo":
+		return ec.fieldContext_StatementDifference_tradeNo(ctx, field)
+	case "refundNo":
+		return ec.fieldContext_StatementDifference_refundNo(ctx, field)
+	case "gatewayAmount":
+		return ec.fieldContext_StatementDifference_gatewayAmount(ctx, field)
+	case "kamiAmount":
+		return ec.fieldContext_StatementDifference_kamiAmount(ctx, field)
+	case "action":
+		return ec.fieldContext_StatementDifference_action(ctx, field)
+	case "needsPerson":
+		return ec.fieldContext_StatementDifference_needsPerson(ctx, field)
+	case "detail":
+		return ec.fieldContext_StatementDifference_detail(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_StatementDifference_createdAt(ctx, field)
+	case "order":
+		return ec.fieldContext_StatementDifference_order(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StatementDifference", field.Name)
+}
+
+func (ec *executionContext) childFields_StatementDifferenceConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_StatementDifferenceConnection_edges(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_StatementDifferenceConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StatementDifferenceConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_StatementDifferenceEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_StatementDifferenceEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_StatementDifferenceEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StatementDifferenceEdge", field.Name)
+}
+
+func (ec *executionContext) childFields_StatementRun(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_StatementRun_id(ctx, field)
+	case "provider":
+		return ec.fieldContext_StatementRun_provider(ctx, field)
+	case "date":
+		return ec.fieldContext_StatementRun_date(ctx, field)
+	case "source":
+		return ec.fieldContext_StatementRun_source(ctx, field)
+	case "status":
+		return ec.fieldContext_StatementRun_status(ctx, field)
+	case "startedAt":
+		return ec.fieldContext_StatementRun_startedAt(ctx, field)
+	case "finishedAt":
+		return ec.fieldContext_StatementRun_finishedAt(ctx, field)
+	case "trades":
+		return ec.fieldContext_StatementRun_trades(ctx, field)
+	case "refunds":
+		return ec.fieldContext_StatementRun_refunds(ctx, field)
+	case "tradeAmount":
+		return ec.fieldContext_StatementRun_tradeAmount(ctx, field)
+	case "refundAmount":
+		return ec.fieldContext_StatementRun_refundAmount(ctx, field)
+	case "matched":
+		return ec.fieldContext_StatementRun_matched(ctx, field)
+	case "differenceCount":
+		return ec.fieldContext_StatementRun_differenceCount(ctx, field)
+	case "settled":
+		return ec.fieldContext_StatementRun_settled(ctx, field)
+	case "needsPerson":
+		return ec.fieldContext_StatementRun_needsPerson(ctx, field)
+	case "error":
+		return ec.fieldContext_StatementRun_error(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StatementRun", field.Name)
+}
+
+func (ec *executionContext) childFields_StatementRunConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_StatementRunConnection_edges(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_StatementRunConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StatementRunConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_StatementRunEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_StatementRunEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_StatementRunEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StatementRunEdge", field.Name)
+}
+
 func (ec *executionContext) childFields_Stats(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "queues":
@@ -1498,6 +2497,18 @@ func (ec *executionContext) childFields_Stats(ctx context.Context, field graphql
 		return ec.fieldContext_Stats_stock(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Stats", field.Name)
+}
+
+func (ec *executionContext) childFields_SyncOrderPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "order":
+		return ec.fieldContext_SyncOrderPayload_order(ctx, field)
+	case "trade":
+		return ec.fieldContext_SyncOrderPayload_trade(ctx, field)
+	case "refunds":
+		return ec.fieldContext_SyncOrderPayload_refunds(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type SyncOrderPayload", field.Name)
 }
 
 func (ec *executionContext) childFields___Directive(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -1688,6 +2699,28 @@ func (ec *executionContext) field_Mutation_importCards_args(ctx context.Context,
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_reconcileStatements_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "provider",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["provider"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "date",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["date"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_refundOrder_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -1721,6 +2754,20 @@ func (ec *executionContext) field_Mutation_retryRefund_args(ctx context.Context,
 		return nil, err
 	}
 	args["refundNo"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_syncOrder_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orderNo",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orderNo"] = arg0
 	return args, nil
 }
 
@@ -1889,6 +2936,74 @@ func (ec *executionContext) field_Query_refunds_args(ctx context.Context, rawArg
 		return nil, err
 	}
 	args["status"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_statementDifferences_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "runId",
+		func(ctx context.Context, v any) (*int64, error) {
+			return ec.unmarshalOID2ᚖint64(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["runId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "needsPerson",
+		func(ctx context.Context, v any) (*bool, error) {
+			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["needsPerson"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg3
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_statementRuns_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "provider",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["provider"] = arg0
 	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
 		func(ctx context.Context, v any) (*int, error) {
 			return ec.unmarshalOInt2ᚖint(ctx, v)
@@ -2357,6 +3472,314 @@ func (ec *executionContext) fieldContext_CreateOrderPayload_payment(_ context.Co
 	return fc, nil
 }
 
+func (ec *executionContext) _GatewayRefund_refund(ctx context.Context, field graphql.CollectedField, obj *domain.SyncRefund) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayRefund_refund(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Refund, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Refund) graphql.Marshaler {
+			return ec.marshalNRefund2ᚖkamiᚋdomainᚐRefund(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayRefund_refund(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "GatewayRefund",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Refund(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _GatewayRefund_answered(ctx context.Context, field graphql.CollectedField, obj *domain.SyncRefund) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayRefund_answered(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Answered, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayRefund_answered(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayRefund", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _GatewayRefund_status(ctx context.Context, field graphql.CollectedField, obj *domain.SyncRefund) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayRefund_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.GatewayRefund().Status(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *providers.RefundState) graphql.Marshaler {
+			return ec.marshalOGatewayRefundStatus2ᚖkamiᚋprovidersᚐRefundState(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayRefund_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayRefund", field, true, true, "GatewayRefundStatus")
+}
+
+func (ec *executionContext) _GatewayRefund_amount(ctx context.Context, field graphql.CollectedField, obj *domain.SyncRefund) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayRefund_amount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.GatewayRefund().Amount(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOMoney2ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayRefund_amount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayRefund", field, true, true, "Money")
+}
+
+func (ec *executionContext) _GatewayRefund_action(ctx context.Context, field graphql.CollectedField, obj *domain.SyncRefund) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayRefund_action(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Action, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.SettleAction) graphql.Marshaler {
+			return ec.marshalNSettleAction2kamiᚋdomainᚐSettleAction(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayRefund_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayRefund", field, false, false, "SettleAction")
+}
+
+func (ec *executionContext) _GatewayRefund_detail(ctx context.Context, field graphql.CollectedField, obj *domain.SyncRefund) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayRefund_detail(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Detail, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayRefund_detail(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayRefund", field, false, false, "String")
+}
+
+func (ec *executionContext) _GatewayTrade_answered(ctx context.Context, field graphql.CollectedField, obj *domain.SyncTrade) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayTrade_answered(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Answered, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayTrade_answered(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayTrade", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _GatewayTrade_status(ctx context.Context, field graphql.CollectedField, obj *domain.SyncTrade) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayTrade_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.GatewayTrade().Status(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *providers.TradeStatus) graphql.Marshaler {
+			return ec.marshalOGatewayTradeStatus2ᚖkamiᚋprovidersᚐTradeStatus(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayTrade_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayTrade", field, true, true, "GatewayTradeStatus")
+}
+
+func (ec *executionContext) _GatewayTrade_tradeNo(ctx context.Context, field graphql.CollectedField, obj *domain.SyncTrade) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayTrade_tradeNo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.GatewayTrade().TradeNo(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayTrade_tradeNo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayTrade", field, true, true, "String")
+}
+
+func (ec *executionContext) _GatewayTrade_amount(ctx context.Context, field graphql.CollectedField, obj *domain.SyncTrade) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayTrade_amount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.GatewayTrade().Amount(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOMoney2ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayTrade_amount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayTrade", field, true, true, "Money")
+}
+
+func (ec *executionContext) _GatewayTrade_paidAt(ctx context.Context, field graphql.CollectedField, obj *domain.SyncTrade) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayTrade_paidAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.GatewayTrade().PaidAt(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayTrade_paidAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayTrade", field, true, true, "Time")
+}
+
+func (ec *executionContext) _GatewayTrade_action(ctx context.Context, field graphql.CollectedField, obj *domain.SyncTrade) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayTrade_action(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Action, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.SettleAction) graphql.Marshaler {
+			return ec.marshalNSettleAction2kamiᚋdomainᚐSettleAction(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayTrade_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayTrade", field, false, false, "SettleAction")
+}
+
+func (ec *executionContext) _GatewayTrade_detail(ctx context.Context, field graphql.CollectedField, obj *domain.SyncTrade) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_GatewayTrade_detail(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Detail, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_GatewayTrade_detail(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("GatewayTrade", field, false, false, "String")
+}
+
 func (ec *executionContext) _ImportCardsPayload_imported(ctx context.Context, field graphql.CollectedField, obj *domain.ImportResult) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -2705,6 +4128,126 @@ func (ec *executionContext) fieldContext_Mutation_retryRefund(ctx context.Contex
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Mutation_retryRefund_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_syncOrder(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_syncOrder(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().SyncOrder(ctx, fc.Args["orderNo"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.SyncResult) graphql.Marshaler {
+			return ec.marshalNSyncOrderPayload2ᚖkamiᚋdomainᚐSyncResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_syncOrder(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_SyncOrderPayload(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_syncOrder_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_runReconciliation(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_runReconciliation(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Mutation().RunReconciliation(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.ReconcileRun) graphql.Marshaler {
+			return ec.marshalNReconcileRun2ᚖkamiᚋdomainᚐReconcileRun(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_runReconciliation(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ReconcileRun(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_reconcileStatements(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_reconcileStatements(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ReconcileStatements(ctx, fc.Args["provider"].(*string), fc.Args["date"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*domain.StatementRun) graphql.Marshaler {
+			return ec.marshalNStatementRun2ᚕᚖkamiᚋdomainᚐStatementRunᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_reconcileStatements(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StatementRun(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_reconcileStatements_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -3880,6 +5423,94 @@ func (ec *executionContext) fieldContext_Query_stats(_ context.Context, field gr
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_statementRuns(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_statementRuns(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().StatementRuns(ctx, fc.Args["provider"].(*string), fc.Args["first"].(*int), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.StatementRunConnection) graphql.Marshaler {
+			return ec.marshalNStatementRunConnection2ᚖkamiᚋgraphᚋmodelᚐStatementRunConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_statementRuns(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StatementRunConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_statementRuns_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_statementDifferences(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_statementDifferences(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().StatementDifferences(ctx, fc.Args["runId"].(*int64), fc.Args["needsPerson"].(*bool), fc.Args["first"].(*int), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.StatementDifferenceConnection) graphql.Marshaler {
+			return ec.marshalNStatementDifferenceConnection2ᚖkamiᚋgraphᚋmodelᚐStatementDifferenceConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_statementDifferences(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StatementDifferenceConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_statementDifferences_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query___type(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4023,6 +5654,236 @@ func (ec *executionContext) _QueueStat_oldestOverdueSeconds(ctx context.Context,
 }
 func (ec *executionContext) fieldContext_QueueStat_oldestOverdueSeconds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("QueueStat", field, false, false, "Float")
+}
+
+func (ec *executionContext) _ReconcileRun_id(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNID2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ReconcileRun_startedAt(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_startedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_startedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ReconcileRun_finishedAt(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_finishedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FinishedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ReconcileRun_closedStragglers(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_closedStragglers(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ClosedStragglers, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_closedStragglers(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ReconcileRun_staleRefunds(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_staleRefunds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StaleRefunds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_staleRefunds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ReconcileRun_rescheduled(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_rescheduled(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Rescheduled, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_rescheduled(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ReconcileRun_countersRepaired(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_countersRepaired(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CountersRepaired, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_countersRepaired(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ReconcileRun_violations(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_violations(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Violations, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_violations(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ReconcileRun_summary(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_summary(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Summary, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_summary(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _ReconcileRun_error(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ReconcileRun_error(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.ReconcileRun().Error(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ReconcileRun_error(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ReconcileRun", field, true, true, "String")
 }
 
 func (ec *executionContext) _Refund_refundNo(ctx context.Context, field graphql.CollectedField, obj *domain.Refund) (ret graphql.Marshaler) {
@@ -4383,6 +6244,966 @@ func (ec *executionContext) fieldContext_RefundEdge_node(_ context.Context, fiel
 	return fc, nil
 }
 
+func (ec *executionContext) _StatementDifference_id(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNID2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "ID")
+}
+
+func (ec *executionContext) _StatementDifference_runId(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_runId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RunID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNID2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_runId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "ID")
+}
+
+func (ec *executionContext) _StatementDifference_provider(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_provider(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Provider, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_provider(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "String")
+}
+
+func (ec *executionContext) _StatementDifference_date(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_date(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.BillDate, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_date(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "String")
+}
+
+func (ec *executionContext) _StatementDifference_kind(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.DifferenceKind) graphql.Marshaler {
+			return ec.marshalNDifferenceKind2kamiᚋdomainᚐDifferenceKind(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "DifferenceKind")
+}
+
+func (ec *executionContext) _StatementDifference_orderNo(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_orderNo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.StatementDifference().OrderNo(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_orderNo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, true, true, "String")
+}
+
+func (ec *executionContext) _StatementDifference_tradeNo(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_tradeNo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.StatementDifference().TradeNo(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_tradeNo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, true, true, "String")
+}
+
+func (ec *executionContext) _StatementDifference_refundNo(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_refundNo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.StatementDifference().RefundNo(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_refundNo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, true, true, "String")
+}
+
+func (ec *executionContext) _StatementDifference_gatewayAmount(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_gatewayAmount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.StatementDifference().GatewayAmount(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOMoney2ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_gatewayAmount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, true, true, "Money")
+}
+
+func (ec *executionContext) _StatementDifference_kamiAmount(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_kamiAmount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.StatementDifference().KamiAmount(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOMoney2ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_kamiAmount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, true, true, "Money")
+}
+
+func (ec *executionContext) _StatementDifference_action(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_action(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Action, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.SettleAction) graphql.Marshaler {
+			return ec.marshalNSettleAction2kamiᚋdomainᚐSettleAction(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "SettleAction")
+}
+
+func (ec *executionContext) _StatementDifference_needsPerson(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_needsPerson(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.NeedsPerson, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_needsPerson(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _StatementDifference_detail(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_detail(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Detail, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_detail(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "String")
+}
+
+func (ec *executionContext) _StatementDifference_createdAt(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifference", field, false, false, "Time")
+}
+
+func (ec *executionContext) _StatementDifference_order(ctx context.Context, field graphql.CollectedField, obj *domain.StatementDifference) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifference_order(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.StatementDifference().Order(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Order) graphql.Marshaler {
+			return ec.marshalOOrder2ᚖkamiᚋgraphᚋmodelᚐOrder(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifference_order(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StatementDifference",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Order(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _StatementDifferenceConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.StatementDifferenceConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifferenceConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.StatementDifferenceEdge) graphql.Marshaler {
+			return ec.marshalNStatementDifferenceEdge2ᚕᚖkamiᚋgraphᚋmodelᚐStatementDifferenceEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifferenceConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StatementDifferenceConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StatementDifferenceEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _StatementDifferenceConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.StatementDifferenceConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifferenceConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖkamiᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifferenceConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StatementDifferenceConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _StatementDifferenceEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.StatementDifferenceEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifferenceEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifferenceEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementDifferenceEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _StatementDifferenceEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.StatementDifferenceEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementDifferenceEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.StatementDifference) graphql.Marshaler {
+			return ec.marshalNStatementDifference2ᚖkamiᚋdomainᚐStatementDifference(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementDifferenceEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StatementDifferenceEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StatementDifference(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _StatementRun_id(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNID2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "ID")
+}
+
+func (ec *executionContext) _StatementRun_provider(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_provider(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Provider, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_provider(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _StatementRun_date(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_date(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.BillDate, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_date(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _StatementRun_source(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_source(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Source, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.RunSource) graphql.Marshaler {
+			return ec.marshalNStatementSource2kamiᚋdomainᚐRunSource(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_source(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "StatementSource")
+}
+
+func (ec *executionContext) _StatementRun_status(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.RunStatus) graphql.Marshaler {
+			return ec.marshalNStatementRunStatus2kamiᚋdomainᚐRunStatus(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "StatementRunStatus")
+}
+
+func (ec *executionContext) _StatementRun_startedAt(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_startedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_startedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Time")
+}
+
+func (ec *executionContext) _StatementRun_finishedAt(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_finishedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FinishedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Time")
+}
+
+func (ec *executionContext) _StatementRun_trades(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_trades(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Trades, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_trades(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _StatementRun_refunds(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_refunds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Refunds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_refunds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _StatementRun_tradeAmount(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_tradeAmount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.TradeFen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNMoney2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_tradeAmount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Money")
+}
+
+func (ec *executionContext) _StatementRun_refundAmount(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_refundAmount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RefundFen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNMoney2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_refundAmount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Money")
+}
+
+func (ec *executionContext) _StatementRun_matched(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_matched(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Matched, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_matched(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _StatementRun_differenceCount(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_differenceCount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Differences, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_differenceCount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _StatementRun_settled(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_settled(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Settled, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_settled(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _StatementRun_needsPerson(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_needsPerson(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.NeedsPerson, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_needsPerson(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _StatementRun_error(ctx context.Context, field graphql.CollectedField, obj *domain.StatementRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRun_error(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.StatementRun().Error(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRun_error(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRun", field, true, true, "String")
+}
+
+func (ec *executionContext) _StatementRunConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.StatementRunConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRunConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.StatementRunEdge) graphql.Marshaler {
+			return ec.marshalNStatementRunEdge2ᚕᚖkamiᚋgraphᚋmodelᚐStatementRunEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRunConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StatementRunConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StatementRunEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _StatementRunConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.StatementRunConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRunConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖkamiᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRunConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StatementRunConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _StatementRunEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.StatementRunEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRunEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRunEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StatementRunEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _StatementRunEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.StatementRunEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StatementRunEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.StatementRun) graphql.Marshaler {
+			return ec.marshalNStatementRun2ᚖkamiᚋdomainᚐStatementRun(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StatementRunEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StatementRunEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StatementRun(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Stats_queues(ctx context.Context, field graphql.CollectedField, obj *model.Stats) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4533,6 +7354,102 @@ func (ec *executionContext) fieldContext_Subscription_orderStatusChanged(ctx con
 	if fc.Args, err = ec.field_Subscription_orderStatusChanged_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _SyncOrderPayload_order(ctx context.Context, field graphql.CollectedField, obj *domain.SyncResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SyncOrderPayload_order(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.SyncOrderPayload().Order(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Order) graphql.Marshaler {
+			return ec.marshalNOrder2ᚖkamiᚋgraphᚋmodelᚐOrder(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SyncOrderPayload_order(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SyncOrderPayload",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Order(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _SyncOrderPayload_trade(ctx context.Context, field graphql.CollectedField, obj *domain.SyncResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SyncOrderPayload_trade(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Trade, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.SyncTrade) graphql.Marshaler {
+			return ec.marshalNGatewayTrade2kamiᚋdomainᚐSyncTrade(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SyncOrderPayload_trade(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SyncOrderPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_GatewayTrade(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _SyncOrderPayload_refunds(ctx context.Context, field graphql.CollectedField, obj *domain.SyncResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SyncOrderPayload_refunds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Refunds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []domain.SyncRefund) graphql.Marshaler {
+			return ec.marshalNGatewayRefund2ᚕkamiᚋdomainᚐSyncRefundᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SyncOrderPayload_refunds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SyncOrderPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_GatewayRefund(ctx, field)
+		},
 	}
 	return fc, nil
 }
@@ -6085,6 +9002,133 @@ func (ec *executionContext) _CreateOrderPayload(ctx context.Context, sel ast.Sel
 	return out
 }
 
+var gatewayRefundImplementors = []string{"GatewayRefund"}
+
+func (ec *executionContext) _GatewayRefund(ctx context.Context, sel ast.SelectionSet, obj *domain.SyncRefund) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, gatewayRefundImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("GatewayRefund")
+		case "refund":
+			out.Values[i] = ec._GatewayRefund_refund(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "answered":
+			out.Values[i] = ec._GatewayRefund_answered(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "status":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._GatewayRefund_status(ctx, field, obj)
+				})
+		case "amount":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._GatewayRefund_amount(ctx, field, obj)
+				})
+		case "action":
+			out.Values[i] = ec._GatewayRefund_action(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "detail":
+			out.Values[i] = ec._GatewayRefund_detail(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var gatewayTradeImplementors = []string{"GatewayTrade"}
+
+func (ec *executionContext) _GatewayTrade(ctx context.Context, sel ast.SelectionSet, obj *domain.SyncTrade) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, gatewayTradeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("GatewayTrade")
+		case "answered":
+			out.Values[i] = ec._GatewayTrade_answered(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "status":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._GatewayTrade_status(ctx, field, obj)
+				})
+		case "tradeNo":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._GatewayTrade_tradeNo(ctx, field, obj)
+				})
+		case "amount":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._GatewayTrade_amount(ctx, field, obj)
+				})
+		case "paidAt":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._GatewayTrade_paidAt(ctx, field, obj)
+				})
+		case "action":
+			out.Values[i] = ec._GatewayTrade_action(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "detail":
+			out.Values[i] = ec._GatewayTrade_detail(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var importCardsPayloadImplementors = []string{"ImportCardsPayload"}
 
 func (ec *executionContext) _ImportCardsPayload(ctx context.Context, sel ast.SelectionSet, obj *domain.ImportResult) graphql.Marshaler {
@@ -6187,6 +9231,27 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 		case "retryRefund":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_retryRefund(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "syncOrder":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_syncOrder(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "runReconciliation":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_runReconciliation(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reconcileStatements":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_reconcileStatements(ctx, field)
 			})
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
@@ -6649,6 +9714,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_stats(ctx, field)
 				})
+		case "statementRuns":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_statementRuns(ctx, field)
+				})
+		case "statementDifferences":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_statementDifferences(ctx, field)
+				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Query___type(ctx, field)
@@ -6706,6 +9783,85 @@ func (ec *executionContext) _QueueStat(ctx context.Context, sel ast.SelectionSet
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var reconcileRunImplementors = []string{"ReconcileRun"}
+
+func (ec *executionContext) _ReconcileRun(ctx context.Context, sel ast.SelectionSet, obj *domain.ReconcileRun) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, reconcileRunImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ReconcileRun")
+		case "id":
+			out.Values[i] = ec._ReconcileRun_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "startedAt":
+			out.Values[i] = ec._ReconcileRun_startedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "finishedAt":
+			out.Values[i] = ec._ReconcileRun_finishedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "closedStragglers":
+			out.Values[i] = ec._ReconcileRun_closedStragglers(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "staleRefunds":
+			out.Values[i] = ec._ReconcileRun_staleRefunds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "rescheduled":
+			out.Values[i] = ec._ReconcileRun_rescheduled(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "countersRepaired":
+			out.Values[i] = ec._ReconcileRun_countersRepaired(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "violations":
+			out.Values[i] = ec._ReconcileRun_violations(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "summary":
+			out.Values[i] = ec._ReconcileRun_summary(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "error":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._ReconcileRun_error(ctx, field, obj)
+				})
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -6879,6 +10035,376 @@ func (ec *executionContext) _RefundEdge(ctx context.Context, sel ast.SelectionSe
 	return out
 }
 
+var statementDifferenceImplementors = []string{"StatementDifference"}
+
+func (ec *executionContext) _StatementDifference(ctx context.Context, sel ast.SelectionSet, obj *domain.StatementDifference) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, statementDifferenceImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StatementDifference")
+		case "id":
+			out.Values[i] = ec._StatementDifference_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "runId":
+			out.Values[i] = ec._StatementDifference_runId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "provider":
+			out.Values[i] = ec._StatementDifference_provider(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "date":
+			out.Values[i] = ec._StatementDifference_date(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "kind":
+			out.Values[i] = ec._StatementDifference_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "orderNo":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._StatementDifference_orderNo(ctx, field, obj)
+				})
+		case "tradeNo":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._StatementDifference_tradeNo(ctx, field, obj)
+				})
+		case "refundNo":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._StatementDifference_refundNo(ctx, field, obj)
+				})
+		case "gatewayAmount":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._StatementDifference_gatewayAmount(ctx, field, obj)
+				})
+		case "kamiAmount":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._StatementDifference_kamiAmount(ctx, field, obj)
+				})
+		case "action":
+			out.Values[i] = ec._StatementDifference_action(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "needsPerson":
+			out.Values[i] = ec._StatementDifference_needsPerson(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "detail":
+			out.Values[i] = ec._StatementDifference_detail(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "createdAt":
+			out.Values[i] = ec._StatementDifference_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "order":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._StatementDifference_order(ctx, field, obj)
+				})
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var statementDifferenceConnectionImplementors = []string{"StatementDifferenceConnection"}
+
+func (ec *executionContext) _StatementDifferenceConnection(ctx context.Context, sel ast.SelectionSet, obj *model.StatementDifferenceConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, statementDifferenceConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StatementDifferenceConnection")
+		case "edges":
+			out.Values[i] = ec._StatementDifferenceConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._StatementDifferenceConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var statementDifferenceEdgeImplementors = []string{"StatementDifferenceEdge"}
+
+func (ec *executionContext) _StatementDifferenceEdge(ctx context.Context, sel ast.SelectionSet, obj *model.StatementDifferenceEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, statementDifferenceEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StatementDifferenceEdge")
+		case "cursor":
+			out.Values[i] = ec._StatementDifferenceEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._StatementDifferenceEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var statementRunImplementors = []string{"StatementRun"}
+
+func (ec *executionContext) _StatementRun(ctx context.Context, sel ast.SelectionSet, obj *domain.StatementRun) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, statementRunImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StatementRun")
+		case "id":
+			out.Values[i] = ec._StatementRun_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "provider":
+			out.Values[i] = ec._StatementRun_provider(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "date":
+			out.Values[i] = ec._StatementRun_date(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "source":
+			out.Values[i] = ec._StatementRun_source(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "status":
+			out.Values[i] = ec._StatementRun_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "startedAt":
+			out.Values[i] = ec._StatementRun_startedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "finishedAt":
+			out.Values[i] = ec._StatementRun_finishedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "trades":
+			out.Values[i] = ec._StatementRun_trades(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refunds":
+			out.Values[i] = ec._StatementRun_refunds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "tradeAmount":
+			out.Values[i] = ec._StatementRun_tradeAmount(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refundAmount":
+			out.Values[i] = ec._StatementRun_refundAmount(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "matched":
+			out.Values[i] = ec._StatementRun_matched(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "differenceCount":
+			out.Values[i] = ec._StatementRun_differenceCount(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "settled":
+			out.Values[i] = ec._StatementRun_settled(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "needsPerson":
+			out.Values[i] = ec._StatementRun_needsPerson(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "error":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._StatementRun_error(ctx, field, obj)
+				})
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var statementRunConnectionImplementors = []string{"StatementRunConnection"}
+
+func (ec *executionContext) _StatementRunConnection(ctx context.Context, sel ast.SelectionSet, obj *model.StatementRunConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, statementRunConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StatementRunConnection")
+		case "edges":
+			out.Values[i] = ec._StatementRunConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._StatementRunConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var statementRunEdgeImplementors = []string{"StatementRunEdge"}
+
+func (ec *executionContext) _StatementRunEdge(ctx context.Context, sel ast.SelectionSet, obj *model.StatementRunEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, statementRunEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StatementRunEdge")
+		case "cursor":
+			out.Values[i] = ec._StatementRunEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._StatementRunEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var statsImplementors = []string{"Stats"}
 
 func (ec *executionContext) _Stats(ctx context.Context, sel ast.SelectionSet, obj *model.Stats) graphql.Marshaler {
@@ -6945,6 +10471,50 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
+}
+
+var syncOrderPayloadImplementors = []string{"SyncOrderPayload"}
+
+func (ec *executionContext) _SyncOrderPayload(ctx context.Context, sel ast.SelectionSet, obj *domain.SyncResult) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, syncOrderPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("SyncOrderPayload")
+		case "order":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._SyncOrderPayload_order(ctx, field, obj)
+				})
+		case "trade":
+			out.Values[i] = ec._SyncOrderPayload_trade(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refunds":
+			out.Values[i] = ec._SyncOrderPayload_refunds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
 }
 
 var __DirectiveImplementors = []string{"__Directive"}
@@ -7396,6 +10966,21 @@ func (ec *executionContext) unmarshalNCreateProductInput2kamiᚋgraphᚋmodelᚐ
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
+func (ec *executionContext) unmarshalNDifferenceKind2kamiᚋdomainᚐDifferenceKind(ctx context.Context, v any) (domain.DifferenceKind, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.DifferenceKind(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNDifferenceKind2kamiᚋdomainᚐDifferenceKind(ctx context.Context, sel ast.SelectionSet, v domain.DifferenceKind) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "DifferenceKind!")
+	}
+	return res
+}
+
 func (ec *executionContext) unmarshalNFloat2float64(ctx context.Context, v any) (float64, error) {
 	res, err := graphql.UnmarshalFloatContext(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -7408,6 +10993,30 @@ func (ec *executionContext) marshalNFloat2float64(ctx context.Context, sel ast.S
 		graphql.AddInvalidNullFromMarshaler(ctx, "Float!")
 	}
 	return graphql.WrapContextMarshaler(ctx, res)
+}
+
+func (ec *executionContext) marshalNGatewayRefund2kamiᚋdomainᚐSyncRefund(ctx context.Context, sel ast.SelectionSet, v domain.SyncRefund) graphql.Marshaler {
+	return ec._GatewayRefund(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNGatewayRefund2ᚕkamiᚋdomainᚐSyncRefundᚄ(ctx context.Context, sel ast.SelectionSet, v []domain.SyncRefund) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNGatewayRefund2kamiᚋdomainᚐSyncRefund(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNGatewayTrade2kamiᚋdomainᚐSyncTrade(ctx context.Context, sel ast.SelectionSet, v domain.SyncTrade) graphql.Marshaler {
+	return ec._GatewayTrade(ctx, sel, &v)
 }
 
 func (ec *executionContext) unmarshalNID2int64(ctx context.Context, v any) (int64, error) {
@@ -7618,6 +11227,14 @@ func (ec *executionContext) marshalNQueueStat2ᚖkamiᚋgraphᚋmodelᚐQueueSta
 	return ec._QueueStat(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNReconcileRun2ᚖkamiᚋdomainᚐReconcileRun(ctx context.Context, sel ast.SelectionSet, v *domain.ReconcileRun) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ReconcileRun!")
+		return graphql.Null
+	}
+	return ec._ReconcileRun(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNRefund2ᚖkamiᚋdomainᚐRefund(ctx context.Context, sel ast.SelectionSet, v *domain.Refund) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Refund!")
@@ -7688,6 +11305,147 @@ func (ec *executionContext) marshalNRefundStatus2kamiᚋdomainᚐRefundStatus(ct
 	return res
 }
 
+func (ec *executionContext) unmarshalNSettleAction2kamiᚋdomainᚐSettleAction(ctx context.Context, v any) (domain.SettleAction, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.SettleAction(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNSettleAction2kamiᚋdomainᚐSettleAction(ctx context.Context, sel ast.SelectionSet, v domain.SettleAction) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "SettleAction!")
+	}
+	return res
+}
+
+func (ec *executionContext) marshalNStatementDifference2ᚖkamiᚋdomainᚐStatementDifference(ctx context.Context, sel ast.SelectionSet, v *domain.StatementDifference) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "StatementDifference!")
+		return graphql.Null
+	}
+	return ec._StatementDifference(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNStatementDifferenceConnection2ᚖkamiᚋgraphᚋmodelᚐStatementDifferenceConnection(ctx context.Context, sel ast.SelectionSet, v *model.StatementDifferenceConnection) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "StatementDifferenceConnection!")
+		return graphql.Null
+	}
+	return ec._StatementDifferenceConnection(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNStatementDifferenceEdge2ᚕᚖkamiᚋgraphᚋmodelᚐStatementDifferenceEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.StatementDifferenceEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNStatementDifferenceEdge2ᚖkamiᚋgraphᚋmodelᚐStatementDifferenceEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNStatementDifferenceEdge2ᚖkamiᚋgraphᚋmodelᚐStatementDifferenceEdge(ctx context.Context, sel ast.SelectionSet, v *model.StatementDifferenceEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "StatementDifferenceEdge!")
+		return graphql.Null
+	}
+	return ec._StatementDifferenceEdge(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNStatementRun2ᚕᚖkamiᚋdomainᚐStatementRunᚄ(ctx context.Context, sel ast.SelectionSet, v []*domain.StatementRun) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNStatementRun2ᚖkamiᚋdomainᚐStatementRun(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNStatementRun2ᚖkamiᚋdomainᚐStatementRun(ctx context.Context, sel ast.SelectionSet, v *domain.StatementRun) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "StatementRun!")
+		return graphql.Null
+	}
+	return ec._StatementRun(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNStatementRunConnection2ᚖkamiᚋgraphᚋmodelᚐStatementRunConnection(ctx context.Context, sel ast.SelectionSet, v *model.StatementRunConnection) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "StatementRunConnection!")
+		return graphql.Null
+	}
+	return ec._StatementRunConnection(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNStatementRunEdge2ᚕᚖkamiᚋgraphᚋmodelᚐStatementRunEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.StatementRunEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNStatementRunEdge2ᚖkamiᚋgraphᚋmodelᚐStatementRunEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNStatementRunEdge2ᚖkamiᚋgraphᚋmodelᚐStatementRunEdge(ctx context.Context, sel ast.SelectionSet, v *model.StatementRunEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "StatementRunEdge!")
+		return graphql.Null
+	}
+	return ec._StatementRunEdge(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNStatementRunStatus2kamiᚋdomainᚐRunStatus(ctx context.Context, v any) (domain.RunStatus, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.RunStatus(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNStatementRunStatus2kamiᚋdomainᚐRunStatus(ctx context.Context, sel ast.SelectionSet, v domain.RunStatus) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "StatementRunStatus!")
+	}
+	return res
+}
+
+func (ec *executionContext) unmarshalNStatementSource2kamiᚋdomainᚐRunSource(ctx context.Context, v any) (domain.RunSource, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.RunSource(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNStatementSource2kamiᚋdomainᚐRunSource(ctx context.Context, sel ast.SelectionSet, v domain.RunSource) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "StatementSource!")
+	}
+	return res
+}
+
 func (ec *executionContext) marshalNStats2ᚖkamiᚋgraphᚋmodelᚐStats(ctx context.Context, sel ast.SelectionSet, v *model.Stats) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Stats!")
@@ -7737,6 +11495,14 @@ func (ec *executionContext) marshalNString2ᚕstringᚄ(ctx context.Context, sel
 	}
 
 	return ret
+}
+
+func (ec *executionContext) marshalNSyncOrderPayload2ᚖkamiᚋdomainᚐSyncResult(ctx context.Context, sel ast.SelectionSet, v *domain.SyncResult) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "SyncOrderPayload!")
+		return graphql.Null
+	}
+	return ec._SyncOrderPayload(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNTime2timeᚐTime(ctx context.Context, v any) (time.Time, error) {
@@ -7964,6 +11730,44 @@ func (ec *executionContext) marshalOFloat2ᚖfloat64(ctx context.Context, sel as
 	_ = sel
 	res := graphql.MarshalFloatContext(*v)
 	return graphql.WrapContextMarshaler(ctx, res)
+}
+
+func (ec *executionContext) unmarshalOGatewayRefundStatus2ᚖkamiᚋprovidersᚐRefundState(ctx context.Context, v any) (*providers.RefundState, error) {
+	if v == nil {
+		return nil, nil
+	}
+	tmp, err := graphql.UnmarshalString(v)
+	res := providers.RefundState(tmp)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOGatewayRefundStatus2ᚖkamiᚋprovidersᚐRefundState(ctx context.Context, sel ast.SelectionSet, v *providers.RefundState) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalString(string(*v))
+	return res
+}
+
+func (ec *executionContext) unmarshalOGatewayTradeStatus2ᚖkamiᚋprovidersᚐTradeStatus(ctx context.Context, v any) (*providers.TradeStatus, error) {
+	if v == nil {
+		return nil, nil
+	}
+	tmp, err := graphql.UnmarshalString(v)
+	res := providers.TradeStatus(tmp)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOGatewayTradeStatus2ᚖkamiᚋprovidersᚐTradeStatus(ctx context.Context, sel ast.SelectionSet, v *providers.TradeStatus) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalString(string(*v))
+	return res
 }
 
 func (ec *executionContext) unmarshalOID2ᚖint64(ctx context.Context, v any) (*int64, error) {

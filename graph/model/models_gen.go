@@ -105,6 +105,26 @@ type RefundEdge struct {
 	Node   *domain.Refund `json:"node"`
 }
 
+type StatementDifferenceConnection struct {
+	Edges    []*StatementDifferenceEdge `json:"edges"`
+	PageInfo *PageInfo                  `json:"pageInfo"`
+}
+
+type StatementDifferenceEdge struct {
+	Cursor string                      `json:"cursor"`
+	Node   *domain.StatementDifference `json:"node"`
+}
+
+type StatementRunConnection struct {
+	Edges    []*StatementRunEdge `json:"edges"`
+	PageInfo *PageInfo           `json:"pageInfo"`
+}
+
+type StatementRunEdge struct {
+	Cursor string               `json:"cursor"`
+	Node   *domain.StatementRun `json:"node"`
+}
+
 type Stats struct {
 	Queues []*QueueStat `json:"queues"`
 	// Share of close attempts that closed or correctly skipped an order; null before any.
