@@ -260,7 +260,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
 		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled}
 	a.statements = &domain.StatementReconciler{Shop: a.shop, Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts,
-		OnRun: a.metrics.StatementRun}
+		ManualOnly: []string{sandbox.Name}, OnRun: a.metrics.StatementRun}
 	a.handler = a.routes(events)
 	return a, nil
 }

@@ -175,6 +175,11 @@ type StatementReconciler struct {
 	// StatementTimeout bounds downloading one statement; default 2m. Each
 	// query is bounded by Shop.ProviderTimeout.
 	StatementTimeout time.Duration
+	// ManualOnly names providers whose statements only an admin's request
+	// reconciles, not the schedule: the sandbox, whose books do not outlive
+	// its process (a statement after a restart would miss every earlier
+	// payment). Their recent closed orders are still asked about.
+	ManualOnly []string
 	// OnRun hears each recorded run with its differences (metrics).
 	OnRun func(StatementRun, []StatementDifference)
 }
@@ -257,6 +262,9 @@ func (r *StatementReconciler) RunNow(ctx context.Context, actor, provider string
 	for _, name := range names {
 		p, _ := r.Shop.Providers.Get(name)
 		src, hasStatements := p.(providers.StatementSource)
+		if provider == "" && day.IsZero() && slices.Contains(r.ManualOnly, name) {
+			hasStatements = false
+		}
 		if !day.IsZero() {
 			if hasStatements {
 				runs = append(runs, *r.reconcileDay(ctx, src, day))

@@ -15,6 +15,7 @@ import (
 	"kami/domain/domaintest"
 	"kami/providers"
 	"kami/providers/fault"
+	"kami/providers/sandbox"
 )
 
 // statementBundle is a ledger at real time (the emulators keep their books
@@ -407,37 +408,45 @@ func TestRecentClosedOrdersAsked(t *testing.T) {
 
 // TestScheduledStatementRun: the scheduled run reconciles each of the last
 // days not reconciled yet, then asks about today's closed orders; run
-// again, it reconciles no day twice.
+// again, it reconciles no day twice. The sandbox, whose books are lost on
+// restart, is only asked about its closed orders.
 func TestScheduledStatementRun(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
 		gw := wechatGateway(t)
 		sb := newStatementBundle(t, db, gw, domain.Config{})
+		sandboxProvider, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://127.0.0.1/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.shop.Providers = providers.NewRegistry(gw.provider, sandboxProvider)
 		sb.rec.CatchUpDays = 3
+		sb.rec.ManualOnly = []string{sandbox.Name}
 		runs, err := sb.rec.Run(sb.ctx, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		var kinds []string
 		for _, r := range runs {
-			kinds = append(kinds, fmt.Sprintf("%s %s %s", r.Source, r.BillDate, r.Status))
+			kinds = append(kinds, fmt.Sprintf("%s %s %s %s", r.Provider, r.Source, r.BillDate, r.Status))
 		}
 		today := providers.DayOf(sb.clock.Now())
 		want := []string{
-			"STATEMENT " + today.AddDays(-3).String() + " DONE",
-			"STATEMENT " + today.AddDays(-2).String() + " DONE",
-			"STATEMENT " + today.AddDays(-1).String() + " DONE",
-			"QUERY " + today.String() + " DONE",
+			"sandbox QUERY " + today.String() + " DONE",
+			"wechat STATEMENT " + today.AddDays(-3).String() + " DONE",
+			"wechat STATEMENT " + today.AddDays(-2).String() + " DONE",
+			"wechat STATEMENT " + today.AddDays(-1).String() + " DONE",
+			"wechat QUERY " + today.String() + " DONE",
 		}
 		if !slices.Equal(kinds, want) {
 			t.Fatalf("runs %v, want %v", kinds, want)
 		}
 		again, err := sb.rec.Run(sb.ctx, "")
-		if err != nil || len(again) != 1 || again[0].Source != domain.SourceQuery {
+		if err != nil || len(again) != 2 || again[0].Source != domain.SourceQuery || again[1].Source != domain.SourceQuery {
 			t.Fatalf("second scheduled run: %+v, %v", again, err)
 		}
 		page, err := sb.ledger.ListStatementRuns(sb.ctx, gw.name, domain.Keyset{}, 3)
-		if err != nil || len(page.Runs) != 3 || !page.HasNext || page.Runs[0].ID != again[0].ID {
+		if err != nil || len(page.Runs) != 3 || !page.HasNext || page.Runs[0].ID != again[1].ID {
 			t.Fatalf("runs listed %+v, %v", page, err)
 		}
 		last := page.Runs[len(page.Runs)-1]
