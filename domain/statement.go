@@ -290,10 +290,12 @@ func (r *StatementReconciler) RunNow(ctx context.Context, actor, provider string
 				}
 			}
 			// Today is in no statement yet; yesterday neither, if its
-			// statement is not reconciled.
-			since = today.Start()
+			// statement is not reconciled. An order closed just before
+			// midnight may be paid just after (the close races the
+			// buyer): the window starts an hour early.
+			since = today.Start().Add(-time.Hour)
 			if done, err := r.reconciled(ctx, name, today.AddDays(-1)); err == nil && !done {
-				since = today.AddDays(-1).Start()
+				since = today.AddDays(-1).Start().Add(-time.Hour)
 			}
 		}
 		runs = append(runs, *r.checkRecent(ctx, p, since))
@@ -309,8 +311,8 @@ func (r *StatementReconciler) RunNow(ctx context.Context, actor, provider string
 
 // Reconcile is RunNow for one provider's statement of one day.
 func (r *StatementReconciler) Reconcile(ctx context.Context, actor, provider string, day providers.Day) (*StatementRun, error) {
-	if day.IsZero() {
-		return nil, Errorf(EBADINPUT, "which day?")
+	if day.IsZero() || provider == "" {
+		return nil, Errorf(EBADINPUT, "which provider, and which day?")
 	}
 	runs, err := r.RunNow(ctx, actor, provider, day)
 	if err != nil {
@@ -583,7 +585,7 @@ func (d *dayRun) missingPayments(ctx context.Context, st *providers.Statement, d
 	// An order is paid within its lifetime (at most a day) of being
 	// placed: the created_at bound lets the (created_at, id) index serve
 	// the scan.
-	if err := d.r.Shop.Ledger.db.NewSelect().Model(&os).Column("order_no", "provider", "trade_no", "paid_fen", "paid_at").
+	if err := d.r.Shop.Ledger.db.NewSelect().Model(&os).Column("order_no", "provider", "status", "trade_no", "paid_fen", "paid_at").
 		Where("created_at >= ?", day.Start().Add(-48*time.Hour).UTC()).Where("created_at < ?", day.End().UTC()).
 		Where("provider = ?", d.provider.Name()).Where("trade_no IS NOT NULL").
 		Where("paid_at >= ?", day.Start().UTC()).Where("paid_at < ?", day.End().UTC()).
@@ -605,7 +607,7 @@ func (d *dayRun) missingPayments(ctx context.Context, st *providers.Statement, d
 		}
 		d.differ(StatementDifference{Kind: DiffPaymentMissing, Subject: o.TradeNo, OrderNo: o.OrderNo, TradeNo: o.TradeNo,
 			KamiFen: o.PaidFen, NeedsPerson: true,
-			Detail: fmt.Sprintf("kami recorded this payment and delivered on it; the statement lacks it and %s", said)})
+			Detail: fmt.Sprintf("kami recorded this payment (the order is %s); the statement lacks it and %s", o.Status, said)})
 	})
 }
 
