@@ -264,6 +264,7 @@ type placed struct {
 	Payment     struct {
 		Kind      string
 		URL       string
+		QRCode    json.RawMessage // null and "" differ
 		ExpiresAt string
 	}
 }
@@ -277,7 +278,7 @@ func (b *bundle) order(t testing.TB, productID string, qty int, contact string) 
 }
 
 const createOrder = `mutation($in: CreateOrderInput!) { createOrder(input: $in) {
-	order { orderNo status amount } accessToken payment { kind url expiresAt } } }`
+	order { orderNo status amount } accessToken payment { kind url qrCode expiresAt } } }`
 
 // pay delivers a signed sandbox payment notification for the order.
 func (b *bundle) pay(t testing.TB, orderNo, tradeNo string) {
