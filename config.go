@@ -47,8 +47,11 @@ type Config struct {
 	Alipay AlipaySettings
 	Wechat WechatSettings
 
-	// generated lists the secrets this start generated, to print once.
-	generated []string
+	// Where the secrets left unset were read from or written to (see
+	// ensureSecrets), for the start's welcome lines; "" when the setting
+	// gave them. The generated flags mark those written on this start.
+	adminTokenFile, cardKeyFile, sandboxSecretFile string
+	generatedAdminToken, generatedCardKey           bool
 }
 
 // AlipaySettings are the KAMI_ALIPAY_* settings.
@@ -167,34 +170,28 @@ func (c *Config) ensureSecrets() error {
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 		return fmt.Errorf("KAMI_DATA_DIR: %w", err)
 	}
+	var err error
 	if c.AdminToken == "" {
-		tok, gen, err := secretFile(filepath.Join(c.DataDir, "admin_token"), func() string { return domain.NewCardKey() })
-		if err != nil {
+		c.adminTokenFile = filepath.Join(c.DataDir, "admin_token")
+		if c.AdminToken, c.generatedAdminToken, err = secretFile(c.adminTokenFile, domain.NewCardKey); err != nil {
 			return fmt.Errorf("KAMI_ADMIN_TOKEN: %w", err)
-		}
-		c.AdminToken = tok
-		if gen {
-			c.generated = append(c.generated, "KAMI_ADMIN_TOKEN="+tok)
 		}
 	}
 	if c.CardKey == nil {
-		raw, gen, err := secretFile(filepath.Join(c.DataDir, "card_key"), domain.NewCardKey)
-		if err != nil {
+		c.cardKeyFile = filepath.Join(c.DataDir, "card_key")
+		var raw string
+		if raw, c.generatedCardKey, err = secretFile(c.cardKeyFile, domain.NewCardKey); err != nil {
 			return fmt.Errorf("KAMI_CARD_KEY: %w", err)
 		}
 		if c.CardKey, err = domain.ParseCardKey(raw); err != nil {
-			return fmt.Errorf("%w (in %s)", err, filepath.Join(c.DataDir, "card_key"))
-		}
-		if gen {
-			c.generated = append(c.generated, "KAMI_CARD_KEY written to "+filepath.Join(c.DataDir, "card_key")+": back it up, card codes cannot be read without it")
+			return fmt.Errorf("%w (in %s)", err, c.cardKeyFile)
 		}
 	}
 	if c.sandboxEnabled() && c.SandboxSecret == "" {
-		sec, _, err := secretFile(filepath.Join(c.DataDir, "sandbox_secret"), domain.NewCardKey)
-		if err != nil {
+		c.sandboxSecretFile = filepath.Join(c.DataDir, "sandbox_secret")
+		if c.SandboxSecret, _, err = secretFile(c.sandboxSecretFile, domain.NewCardKey); err != nil {
 			return fmt.Errorf("KAMI_SANDBOX_SECRET: %w", err)
 		}
-		c.SandboxSecret = sec
 	}
 	return nil
 }

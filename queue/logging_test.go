@@ -1,0 +1,79 @@
+package queue_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"kami/queue"
+)
+
+// lockedBuffer is a log destination that go-redis's goroutines may write
+// to while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRedisLogsGoThroughSlog: go-redis's own line about a failed dial
+// comes out as one JSON line of kami's logger, not as go-redis's plain
+// text on stderr. Not parallel: go-redis has one logger per process.
+func TestRedisLogsGoThroughSlog(t *testing.T) {
+	var out lockedBuffer
+	queue.RouteRedisLogs(slog.New(slog.NewJSONHandler(&out, nil)))
+	t.Cleanup(func() { queue.RouteRedisLogs(slog.Default()) })
+
+	// A port nobody listens on: the dial fails at once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 1, MaxRetries: -1, DialTimeout: time.Second})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err == nil {
+		t.Fatal("ping to a closed port succeeded")
+	}
+
+	var found bool
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var rec struct {
+			Level, Msg, Component string
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("not a JSON log line: %q", line)
+		}
+		if strings.Contains(rec.Msg, "failed to dial") {
+			found = true
+			if rec.Level != "WARN" || rec.Component != "redis" || strings.HasPrefix(rec.Msg, "redis: ") {
+				t.Errorf("go-redis line %+v", rec)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no go-redis dial failure in kami's log: %q", out.String())
+	}
+}
