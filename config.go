@@ -51,7 +51,7 @@ type Config struct {
 	// ensureSecrets), for the start's welcome lines; "" when the setting
 	// gave them. The generated flags mark those written on this start.
 	adminTokenFile, cardKeyFile, sandboxSecretFile string
-	generatedAdminToken, generatedCardKey           bool
+	generatedAdminToken, generatedCardKey          bool
 }
 
 // AlipaySettings are the KAMI_ALIPAY_* settings.
