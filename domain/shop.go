@@ -30,6 +30,9 @@ type StockGate interface {
 // fatal: the sweepers rebuild it from the database.
 type Scheduler interface {
 	ScheduleClose(ctx context.Context, orderNo string, due time.Time) error
+	// CancelClose takes a paid order's close off the queue. Losing it is
+	// harmless: the close finds the order PAID and skips it.
+	CancelClose(ctx context.Context, orderNo string) error
 	ScheduleRefund(ctx context.Context, refundNo string, due time.Time) error
 }
 
@@ -331,6 +334,14 @@ func (s *Shop) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, er
 	s.observer().PaymentRecorded(res.Outcome)
 	if res.Outcome != PaymentDuplicate {
 		s.changed(ctx, res.Order)
+	}
+	if res.Outcome == PaymentDelivered && s.Scheduler != nil {
+		// A paid order never closes: its close task leaves the queue now,
+		// so the backlog counts only orders that can still close. The
+		// payments of one batch send these together (one round trip).
+		if err := s.Scheduler.CancelClose(ctx, res.Order.OrderNo); err != nil {
+			s.log().DebugContext(ctx, "close task of a paid order left queued; its close will skip it", "order", res.Order.OrderNo, "err", err)
+		}
 	}
 	if res.Outcome == PaymentLateDelivered && s.Gate != nil {
 		// The re-locked cards were counted as free again when the order

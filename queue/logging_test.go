@@ -41,7 +41,7 @@ func (b *lockedBuffer) String() string {
 func TestRedisLogsGoThroughSlog(t *testing.T) {
 	var out lockedBuffer
 	queue.RouteRedisLogs(slog.New(slog.NewJSONHandler(&out, nil)))
-	t.Cleanup(func() { queue.RouteRedisLogs(slog.Default()) })
+	t.Cleanup(func() { redis.SetLogger(discardLogger{}) }) // as TestMain set it
 
 	// A port nobody listens on: the dial fails at once.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
