@@ -97,6 +97,7 @@ func (s *Shop) PlaceOrder(ctx context.Context, in PlaceOrderInput, method, clien
 		s.observer().OrderRefused(ErrorCode(err))
 	} else if !co.Replayed {
 		s.observer().OrderPlaced()
+		s.logPlaced(ctx, co.Order)
 	}
 	return co, err
 }
@@ -239,6 +240,7 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 		}
 		s.observer().OrderClosed(reason, r.Outcome, lateBy)
 		if r.Outcome == Closed {
+			s.logClosed(ctx, r, reason)
 			released[r.ProductID] += r.Released
 			if s.Events != nil {
 				s.Events.OrderChanged(ctx, r.OrderNo, OrderClosed)
@@ -332,6 +334,7 @@ func (s *Shop) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, er
 		return nil, err
 	}
 	s.observer().PaymentRecorded(res.Outcome)
+	s.logPayment(ctx, p, res)
 	if res.Outcome != PaymentDuplicate {
 		s.changed(ctx, res.Order)
 	}
@@ -389,13 +392,24 @@ func (s *Shop) HandleNotification(ctx context.Context, providerName string, head
 			TradeNo: ev.TradeNo, AmountFen: ev.AmountFen, PaidAt: ev.PaidAt, Raw: string(body)})
 	case providers.EventRefundSucceeded, providers.EventRefundFailed:
 		var r *Refund
-		r, _, err = s.Ledger.RecordRefundEvent(ctx, RefundEvent{Provider: p.Name(), NotifyID: ev.NotifyID, RefundNo: ev.RefundNo,
+		var moved bool
+		r, moved, err = s.Ledger.RecordRefundEvent(ctx, RefundEvent{Provider: p.Name(), NotifyID: ev.NotifyID, RefundNo: ev.RefundNo,
 			Succeeded: ev.Kind == providers.EventRefundSucceeded, Raw: string(body)})
 		if err == nil && r != nil {
 			if r.Status == RefundSucceeded {
-				if o, oerr := s.Ledger.Order(ctx, r.OrderNo); oerr == nil {
+				o, oerr := s.Ledger.Order(ctx, r.OrderNo)
+				if oerr == nil {
 					s.changed(ctx, o)
 				}
+				if moved {
+					s.logRefunded(ctx, r, o, "notification")
+				}
+			} else if moved { // the gateway reported the refund failed
+				result := "retry"
+				if r.Status == RefundFailed {
+					result = "failed"
+				}
+				s.logRefundAttempt(ctx, r, r.RetryCount, result, "the gateway reported the refund failed")
 			}
 			s.scheduleRefund(ctx, r)
 		}
@@ -453,9 +467,11 @@ func (s *Shop) refundSucceeded(ctx context.Context, r *Refund, providerRefundID 
 	s.observer().RefundAttempt("succeeded", r.RetryCount+1)
 	r, changed, err := s.Ledger.RefundSucceeded(ctx, r.RefundNo, providerRefundID)
 	if err == nil && changed {
-		if o, oerr := s.Ledger.Order(ctx, r.OrderNo); oerr == nil {
+		o, oerr := s.Ledger.Order(ctx, r.OrderNo)
+		if oerr == nil {
 			s.changed(ctx, o)
 		}
+		s.logRefunded(ctx, r, o, "refund call")
 	}
 	return r, err
 }
@@ -466,11 +482,12 @@ func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Ref
 	if err != nil {
 		return nil, err
 	}
+	result := "retry"
 	if r.Status == RefundFailed {
-		s.observer().RefundAttempt("failed", attempt)
-	} else {
-		s.observer().RefundAttempt("retry", attempt)
+		result = "failed"
 	}
+	s.observer().RefundAttempt(result, attempt)
+	s.logRefundAttempt(ctx, r, attempt, result, detail)
 	s.scheduleRefund(ctx, r)
 	return r, nil
 }
@@ -492,6 +509,7 @@ func (s *Shop) RequestRefund(ctx context.Context, orderNo, reason, actor string)
 	if err != nil {
 		return nil, err
 	}
+	s.logRefundRequested(ctx, r, OrderPaid, actor)
 	if o, err := s.Ledger.Order(ctx, orderNo); err == nil {
 		s.changed(ctx, o)
 	}
@@ -505,6 +523,7 @@ func (s *Shop) RetryRefund(ctx context.Context, refundNo, actor string) (*Refund
 	if err != nil {
 		return nil, err
 	}
+	s.logRefundRequested(ctx, r, "", actor)
 	s.scheduleRefund(ctx, r)
 	return r, nil
 }
