@@ -28,6 +28,7 @@ import (
 
 	"kami/domain"
 	"kami/graph"
+	"kami/graph/playground"
 	"kami/migrations"
 	"kami/providers"
 	"kami/providers/alipay"
@@ -384,7 +385,10 @@ func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/graphql", graph.NewHandler(graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
 		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL}))
-	mux.Handle("GET /{$}", graph.Playground())
+	pg := playground.Handler("/graphql")
+	mux.Handle("GET /{$}", pg)
+	mux.Handle("GET "+playground.Prefix, pg)
+	mux.Handle("GET /favicon.ico", pg)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

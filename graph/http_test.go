@@ -210,21 +210,6 @@ func TestHTTP(t *testing.T) {
 	}
 }
 
-func TestPlayground(t *testing.T) {
-	t.Parallel()
-	srv := httptest.NewServer(graph.Playground())
-	t.Cleanup(srv.Close)
-	resp, err := http.Get(srv.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	page, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.Contains(string(page), "/graphql") {
-		t.Errorf("playground: %d %.200s", resp.StatusCode, page)
-	}
-}
-
 // TestIntrospectionUnderLimits: the playground's introspection query is
 // deep, but introspection fields are not counted against the depth limit.
 func TestIntrospectionUnderLimits(t *testing.T) {
