@@ -78,7 +78,7 @@ func TestPlaygroundInBrowser(t *testing.T) {
 	onEvent := func(method, _ string, params json.RawMessage) {
 		var p struct {
 			Request struct{ URL string } `json:"request"`
-			URL     string              `json:"url"`
+			URL     string               `json:"url"`
 			Entry   struct {
 				Level, Text, URL string
 			} `json:"entry"`
