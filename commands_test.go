@@ -82,3 +82,28 @@ func TestWelcome(t *testing.T) {
 		t.Errorf("with KAMI_ADMIN_TOKEN set:\n%s", byHand)
 	}
 }
+
+// TestReturnLink: the pay page's way back is KAMI_RETURN_URL with the
+// order number added, or kami's own order view; a bad setting is named.
+func TestReturnLink(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env{"KAMI_ADDR": ":9000"}.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.returnLink("2612010001"); got != "http://localhost:9000/?orderNo=2612010001" {
+		t.Errorf("default return link %q", got)
+	}
+	c, err = loadConfig(env{"KAMI_RETURN_URL": "https://shop.example/orders?from=kami"}.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.returnLink("2612010001"); got != "https://shop.example/orders?from=kami&orderNo=2612010001" {
+		t.Errorf("return link %q", got)
+	}
+	for _, bad := range []string{"javascript:alert(1)", "/orders", "https://shop.example/#x", "ftp://shop.example/"} {
+		if _, err := loadConfig(env{"KAMI_RETURN_URL": bad}.get); err == nil || !strings.Contains(err.Error(), "KAMI_RETURN_URL") {
+			t.Errorf("KAMI_RETURN_URL=%q: %v", bad, err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,8 +18,12 @@ import (
 // Config is every KAMI_* setting. Each has a default that works on a fresh
 // machine; load reads them and names the setting at fault when one is bad.
 type Config struct {
-	Addr          string        // KAMI_ADDR, default :8080
-	PublicURL     string        // KAMI_PUBLIC_URL: how buyers and gateways reach kami; default http://localhost<addr>
+	Addr      string // KAMI_ADDR, default :8080
+	PublicURL string // KAMI_PUBLIC_URL: how buyers and gateways reach kami; default http://localhost<addr>
+	// ReturnURL is where a buyer goes back to after paying
+	// (KAMI_RETURN_URL): the storefront's order page. Default: kami's
+	// playground, which opens the order's query (see returnLink).
+	ReturnURL     string
 	DataDir       string        // KAMI_DATA_DIR, default ./data
 	DatabaseURL   string        // KAMI_DATABASE_URL; empty: SQLite file in the data dir
 	DBMaxConns    int           // KAMI_DB_MAX_CONNS, default 20 (servers only)
@@ -110,6 +115,12 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	}
 	if !strings.HasPrefix(c.PublicURL, "http://") && !strings.HasPrefix(c.PublicURL, "https://") {
 		bad("KAMI_PUBLIC_URL", "want an http:// or https:// URL")
+	}
+	c.ReturnURL = strings.TrimSpace(getenv("KAMI_RETURN_URL"))
+	if c.ReturnURL == "" {
+		c.ReturnURL = c.PublicURL + "/"
+	} else if u, err := url.Parse(c.ReturnURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Fragment != "" {
+		bad("KAMI_RETURN_URL", "want an absolute http:// or https:// URL without a #fragment")
 	}
 	var err error
 	if c.OrderTTL, err = duration(getenv("KAMI_ORDER_TTL"), 15*time.Minute); err != nil || c.OrderTTL < time.Second || c.OrderTTL > 24*time.Hour {
@@ -258,4 +269,19 @@ func integer(v string, def int) (int, error) {
 		return def, nil
 	}
 	return strconv.Atoi(v)
+}
+
+// returnLink is the link back from a pay page for orderNo: ReturnURL with
+// orderNo=<no> added to its query. Only the order number, which kami made,
+// comes from the request; the rest is configuration, so the link cannot be
+// pointed anywhere else.
+func (c *Config) returnLink(orderNo string) string {
+	u, err := url.Parse(c.ReturnURL)
+	if err != nil { // loadConfig checked it
+		return c.PublicURL + "/"
+	}
+	q := u.Query()
+	q.Set("orderNo", orderNo)
+	u.RawQuery = q.Encode()
+	return u.String()
 }

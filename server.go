@@ -199,7 +199,7 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 	if cfg.Alipay.enabled() {
 		c, err := alipay.New(alipay.Config{AppID: cfg.Alipay.AppID, PrivateKey: cfg.Alipay.PrivateKey,
 			AlipayPublicKey: cfg.Alipay.PublicKey, Gateway: cfg.Alipay.Gateway,
-			NotifyURL: cfg.PublicURL + "/webhooks/alipay", ReturnURL: cfg.PublicURL, Timeout: cfg.ProviderTimeout})
+			NotifyURL: cfg.PublicURL + "/webhooks/alipay", ReturnURL: cfg.ReturnURL, Timeout: cfg.ProviderTimeout})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -447,7 +447,8 @@ func (a *app) payPageOrder(ctx context.Context, orderNo string) (sandbox.PageOrd
 	if p, err := a.ledger.Product(ctx, o.ProductID); err == nil {
 		subject = p.Name
 	}
-	return sandbox.PageOrder{OrderNo: o.OrderNo, Subject: subject, AmountFen: o.AmountFen, ExpiresAt: o.ExpiresAt, Status: string(o.Status)}, nil
+	return sandbox.PageOrder{OrderNo: o.OrderNo, Subject: subject, AmountFen: o.AmountFen, ExpiresAt: o.ExpiresAt, Status: string(o.Status),
+		ReturnURL: a.cfg.returnLink(o.OrderNo)}, nil
 }
 
 // ready answers 200 when the database answers and every migration is
