@@ -19,7 +19,7 @@ import (
 type event struct {
 	msg      string
 	order    string
-	from, to OrderStatus // "" when the order's state did not move
+	from, to OrderStatus // "" when the order's state did not move (from: a new order)
 	cause    string
 	provider string
 	fen      int64 // the amount the event is about; < 0: none
@@ -34,8 +34,11 @@ func (s *Shop) logEvent(ctx context.Context, e event) {
 	}
 	attrs := make([]slog.Attr, 0, 7+len(e.extra))
 	attrs = append(attrs, slog.String("order", e.order))
-	if e.from != "" || e.to != "" {
-		attrs = append(attrs, slog.String("from", string(e.from)), slog.String("to", string(e.to)))
+	if e.from != "" {
+		attrs = append(attrs, slog.String("from", string(e.from)))
+	}
+	if e.to != "" {
+		attrs = append(attrs, slog.String("to", string(e.to)))
 	}
 	if e.cause != "" {
 		attrs = append(attrs, slog.String("cause", e.cause))

@@ -241,6 +241,13 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 		s.observer().OrderClosed(reason, r.Outcome, lateBy)
 		if r.Outcome == Closed {
 			s.logClosed(ctx, r, reason)
+			if reason != CloseTimeout && s.Scheduler != nil {
+				// Closed before its time (its buyer cancelled): its
+				// close task would only wait in the queue until then.
+				if err := s.Scheduler.CancelClose(ctx, r.OrderNo); err != nil {
+					s.log().DebugContext(ctx, "close task of a cancelled order left queued; its close will skip it", "order", r.OrderNo, "err", err)
+				}
+			}
 			released[r.ProductID] += r.Released
 			if s.Events != nil {
 				s.Events.OrderChanged(ctx, r.OrderNo, OrderClosed)

@@ -13,9 +13,9 @@ import (
 )
 
 // TestPaidOrdersLeaveTheCloseQueue: a payment takes its order's close task
-// off the queue, and out of the lease of a worker that claimed it, so the
-// backlog counts only orders that can still close; the sweeper does not
-// put a paid order back.
+// off the queue, and out of the lease of a worker that claimed it, as does
+// a buyer's cancel, so the backlog counts only orders that can still
+// close; the sweeper does not put them back.
 func TestPaidOrdersLeaveTheCloseQueue(t *testing.T) {
 	combos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
 		e := newEnv(t, db, rs, domain.Config{OrderTTL: ttl})
@@ -35,14 +35,23 @@ func TestPaidOrdersLeaveTheCloseQueue(t *testing.T) {
 		if err != nil || len(claimed.Members) != 1 {
 			t.Fatalf("claim: %+v %v", claimed, err)
 		}
-		unpaid := nos[len(nos)-1]
-		if claimed.Members[0] == unpaid {
-			unpaid = nos[0]
+		var unpaid, cancelled string
+		for _, no := range nos {
+			switch {
+			case no == claimed.Members[0]:
+			case unpaid == "":
+				unpaid = no
+			case cancelled == "":
+				cancelled = no
+			}
 		}
-		// Every order but one is paid, all at once, so the payments batch.
+		if _, err := e.shop.CloseOrders(e.ctx, []string{cancelled}, domain.CloseCancel); err != nil {
+			t.Fatal(err)
+		}
+		// Every other order is paid, all at once, so the payments batch.
 		var wg sync.WaitGroup
 		for _, no := range nos {
-			if no == unpaid {
+			if no == unpaid || no == cancelled {
 				continue
 			}
 			wg.Add(1)
