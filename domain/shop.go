@@ -279,7 +279,7 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 	keep := make([]bool, len(orderNos))
 	var due []Order
 	if err := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "provider", "status", "expires_at").
-		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", OrderPending).
+		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", OrderPending).
 		Where("expires_at <= ?", dueBy).Scan(ctx); err != nil {
 		s.log().WarnContext(ctx, "trade checks before close skipped", "err", err)
 	}
