@@ -116,7 +116,7 @@ func setup(t testing.TB, opts options) *bundle {
 		opts.kind = dbtest.SQLite
 	}
 	b := &bundle{ctx: context.Background(), db: dbtest.Open(t, opts.kind), events: newMemEvents(), queries: &queryCounter{}}
-	b.db.AddQueryHook(b.queries)
+	b.db = b.db.WithQueryHook(b.queries)
 	sealer, err := domain.NewSealer(cardKey)
 	if err != nil {
 		t.Fatal(err)
@@ -162,14 +162,6 @@ type gqlError struct {
 type result struct {
 	Data   json.RawMessage
 	Errors []gqlError
-}
-
-func (r result) codes() []string {
-	var cs []string
-	for _, e := range r.Errors {
-		cs = append(cs, e.Extensions.Code)
-	}
-	return cs
 }
 
 // decode unpacks the data into v, failing on errors.
