@@ -137,7 +137,7 @@ func (pg *payPage) view(o PageOrder) pageData {
 		d.Message = "Paid. The shop has delivered the order: its codes are on the order's page."
 	case "REFUNDING":
 		d.Title, d.Tone, d.Watch = "Refunding", "note", true
-		d.Message = "The shop is refunding this payment (it came after the order closed, or the order is being refunded). This page follows it."
+		d.Message = "The shop is refunding this payment; this page follows it until it is refunded."
 	case "REFUNDED":
 		d.Title, d.Tone = "Refunded", "ok"
 		d.Message = "The payment was refunded in full."
@@ -217,7 +217,7 @@ func (pg *payPage) payLate(w http.ResponseWriter, r *http.Request) {
 		pg.render(w, http.StatusUnprocessableEntity, d)
 		return
 	}
-	pg.deliver(w, r, o, header, body, "Late payment sent: the shop took it and refunds it, as it does any payment for a closed order.")
+	pg.deliver(w, r, o, header, body, "Late payment sent: the shop took it and, as for any payment to a closed order, refunds it.")
 }
 
 // deliver hands kami the signed notification and shows the order as kami
