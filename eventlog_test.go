@@ -1,36 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/providers/sandbox"
 )
-
-// syncBuffer is a log destination written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestBusinessEventsLogged walks an order through payment, another through
 // its buyer's cancel and a late payment to its refund, and reads kami's
@@ -40,7 +21,7 @@ func (s *syncBuffer) String() string {
 func TestBusinessEventsLogged(t *testing.T) {
 	t.Parallel()
 	ta := newTestApp(t, dbtest.SQLite, nil)
-	var logs syncBuffer
+	var logs domaintest.LogBuffer
 	ta.shop.Log = slog.New(slog.NewJSONHandler(&logs, nil))
 	ctx := t.Context()
 	p := ta.product(t, 1250, "SECRET-CODE-A", "SECRET-CODE-B")

@@ -1,45 +1,25 @@
 package queue_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"kami/domain/domaintest"
 	"kami/queue"
 )
-
-// lockedBuffer is a log destination that go-redis's goroutines may write
-// to while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestRedisLogsGoThroughSlog: go-redis's own line about a failed dial
 // comes out as one JSON line of kami's logger, not as go-redis's plain
 // text on stderr. Not parallel: go-redis has one logger per process.
 func TestRedisLogsGoThroughSlog(t *testing.T) {
-	var out lockedBuffer
+	var out domaintest.LogBuffer
 	queue.RouteRedisLogs(slog.New(slog.NewJSONHandler(&out, nil)))
 	t.Cleanup(func() { redis.SetLogger(discardLogger{}) }) // as TestMain set it
 
