@@ -1,5 +1,5 @@
 // Command kami is the backend of an automatic card-code shop: see
-// README.md and DESIGN.md.
+// README.md and ARCHITECTURE.md.
 //
 //	kami            run the server (the default)
 //	kami migrate    apply database migrations and exit

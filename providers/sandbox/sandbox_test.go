@@ -156,7 +156,7 @@ func TestFailRefunds(t *testing.T) {
 }
 
 // A late payment posted straight to the webhook is unknown to the sandbox
-// gateway; its refund must still succeed, as DESIGN.md promises.
+// gateway; its refund must still succeed, as the sandbox promises (ARCHITECTURE.md).
 func TestRefundOfPaymentTheGatewayNeverSaw(t *testing.T) {
 	t.Parallel()
 	p := newSandbox(t, nil)
