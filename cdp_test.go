@@ -61,10 +61,11 @@ type cdpMessage struct {
 // chromiumPath finds Chromium (KAMI_TEST_CHROMIUM, or chromium on PATH).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
+	names := []string{"chromium", "chromium-browser"}
 	if p := os.Getenv("KAMI_TEST_CHROMIUM"); p != "" {
-		return p
+		names = []string{p}
 	}
-	for _, name := range []string{"chromium", "chromium-browser"} {
+	for _, name := range names {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
 		}

@@ -17,6 +17,7 @@ import (
 // shows kami refunding the payment, to REFUNDED, without another click.
 func TestPayPageInBrowser(t *testing.T) {
 	t.Parallel()
+	chromiumPath(t) // skip (or fail in CI) before starting anything
 	ta := newTestApp(t, dbtest.SQLite, nil)
 	if err := ta.start(t.Context()); err != nil { // workers: closes and refunds
 		t.Fatal(err)

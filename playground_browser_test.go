@@ -46,6 +46,7 @@ true
 // request goes anywhere but kami. The screenshot's path is logged.
 func TestPlaygroundInBrowser(t *testing.T) {
 	t.Parallel()
+	chromiumPath(t) // skip (or fail in CI) before starting anything
 	ta := newTestApp(t, dbtest.SQLite, nil)
 	origin := ta.srv.URL // http://127.0.0.1:port
 
