@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,8 +20,12 @@ import (
 // Config is every KAMI_* setting. Each has a default that works on a fresh
 // machine; load reads them and names the setting at fault when one is bad.
 type Config struct {
-	Addr          string        // KAMI_ADDR, default :8080
-	PublicURL     string        // KAMI_PUBLIC_URL: how buyers and gateways reach kami; default http://localhost<addr>
+	Addr      string // KAMI_ADDR, default :8080
+	PublicURL string // KAMI_PUBLIC_URL: how buyers and gateways reach kami; default http://localhost<addr>
+	// ReturnURL is where a buyer goes back to after paying
+	// (KAMI_RETURN_URL): the storefront's order page. Default: kami's
+	// playground, which opens the order's query (see returnLink).
+	ReturnURL     string
 	DataDir       string        // KAMI_DATA_DIR, default ./data
 	DatabaseURL   string        // KAMI_DATABASE_URL; empty: SQLite file in the data dir
 	DBMaxConns    int           // KAMI_DB_MAX_CONNS, default 20 (servers only)
@@ -54,8 +59,11 @@ type Config struct {
 	Alipay AlipaySettings
 	Wechat WechatSettings
 
-	// generated lists the secrets this start generated, to print once.
-	generated []string
+	// Where the secrets left unset were read from or written to (see
+	// ensureSecrets), for the start's welcome lines; "" when the setting
+	// gave them. The generated flags mark those written on this start.
+	adminTokenFile, cardKeyFile, sandboxSecretFile string
+	generatedAdminToken, generatedCardKey          bool
 }
 
 // AlipaySettings are the KAMI_ALIPAY_* settings.
@@ -114,6 +122,12 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	}
 	if !strings.HasPrefix(c.PublicURL, "http://") && !strings.HasPrefix(c.PublicURL, "https://") {
 		bad("KAMI_PUBLIC_URL", "want an http:// or https:// URL")
+	}
+	c.ReturnURL = strings.TrimSpace(getenv("KAMI_RETURN_URL"))
+	if c.ReturnURL == "" {
+		c.ReturnURL = c.PublicURL + "/"
+	} else if u, err := url.Parse(c.ReturnURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Fragment != "" {
+		bad("KAMI_RETURN_URL", "want an absolute http:// or https:// URL without a #fragment")
 	}
 	var err error
 	if c.OrderTTL, err = duration(getenv("KAMI_ORDER_TTL"), 15*time.Minute); err != nil || c.OrderTTL < time.Second || c.OrderTTL > 24*time.Hour {
@@ -181,34 +195,28 @@ func (c *Config) ensureSecrets() error {
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 		return fmt.Errorf("KAMI_DATA_DIR: %w", err)
 	}
+	var err error
 	if c.AdminToken == "" {
-		tok, gen, err := secretFile(filepath.Join(c.DataDir, "admin_token"), func() string { return domain.NewCardKey() })
-		if err != nil {
+		c.adminTokenFile = filepath.Join(c.DataDir, "admin_token")
+		if c.AdminToken, c.generatedAdminToken, err = secretFile(c.adminTokenFile, domain.NewCardKey); err != nil {
 			return fmt.Errorf("KAMI_ADMIN_TOKEN: %w", err)
-		}
-		c.AdminToken = tok
-		if gen {
-			c.generated = append(c.generated, "KAMI_ADMIN_TOKEN="+tok)
 		}
 	}
 	if c.CardKey == nil {
-		raw, gen, err := secretFile(filepath.Join(c.DataDir, "card_key"), domain.NewCardKey)
-		if err != nil {
+		c.cardKeyFile = filepath.Join(c.DataDir, "card_key")
+		var raw string
+		if raw, c.generatedCardKey, err = secretFile(c.cardKeyFile, domain.NewCardKey); err != nil {
 			return fmt.Errorf("KAMI_CARD_KEY: %w", err)
 		}
 		if c.CardKey, err = domain.ParseCardKey(raw); err != nil {
-			return fmt.Errorf("%w (in %s)", err, filepath.Join(c.DataDir, "card_key"))
-		}
-		if gen {
-			c.generated = append(c.generated, "KAMI_CARD_KEY written to "+filepath.Join(c.DataDir, "card_key")+": back it up, card codes cannot be read without it")
+			return fmt.Errorf("%w (in %s)", err, c.cardKeyFile)
 		}
 	}
 	if c.sandboxEnabled() && c.SandboxSecret == "" {
-		sec, _, err := secretFile(filepath.Join(c.DataDir, "sandbox_secret"), domain.NewCardKey)
-		if err != nil {
+		c.sandboxSecretFile = filepath.Join(c.DataDir, "sandbox_secret")
+		if c.SandboxSecret, _, err = secretFile(c.sandboxSecretFile, domain.NewCardKey); err != nil {
 			return fmt.Errorf("KAMI_SANDBOX_SECRET: %w", err)
 		}
-		c.SandboxSecret = sec
 	}
 	return nil
 }
@@ -275,4 +283,19 @@ func integer(v string, def int) (int, error) {
 		return def, nil
 	}
 	return strconv.Atoi(v)
+}
+
+// returnLink is the link back from a pay page for orderNo: ReturnURL with
+// orderNo=<no> added to its query. Only the order number, which kami made,
+// comes from the request; the rest is configuration, so the link cannot be
+// pointed anywhere else.
+func (c *Config) returnLink(orderNo string) string {
+	u, err := url.Parse(c.ReturnURL)
+	if err != nil { // loadConfig checked it
+		return c.PublicURL + "/"
+	}
+	q := u.Query()
+	q.Set("orderNo", orderNo)
+	u.RawQuery = q.Encode()
+	return u.String()
 }

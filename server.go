@@ -1,5 +1,5 @@
 // Command kami is the backend of an automatic card-code shop: see
-// README.md and DESIGN.md.
+// README.md and ARCHITECTURE.md.
 //
 //	kami            run the server (the default)
 //	kami migrate    apply database migrations and exit
@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 
 	"kami/domain"
 	"kami/graph"
+	"kami/graph/playground"
 	"kami/migrations"
 	"kami/providers"
 	"kami/providers/alipay"
@@ -58,6 +60,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := newLogger(cfg, stderr)
 	slog.SetDefault(logger)
+	queue.RouteRedisLogs(logger)
 	switch cmd {
 	case "serve":
 		return serve(ctx, cfg, logger, stdout)
@@ -99,26 +102,46 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stdout, "ledger audit: clean")
 		return nil
 	case "reconcile":
-		a, err := newApp(ctx, cfg, logger)
-		if err != nil {
-			return err
-		}
-		defer a.Close(context.Background())
-		run, err := a.reconcile(ctx)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, "reconcile:", run.Summary)
-		if run.Error != "" || run.Violations > 0 {
-			return fmt.Errorf("reconcile: %s", or(run.Error, "ledger violations found"))
-		}
-		return nil
+		return reconcileCommand(ctx, cfg, logger, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, "usage: kami [serve|migrate|audit|reconcile]")
 		return nil
 	default:
 		return fmt.Errorf("unknown command %q (want serve, migrate, audit or reconcile)", cmd)
 	}
+}
+
+// errReconcileNeedsRedis refuses `kami reconcile` on the in-process Redis.
+var errReconcileNeedsRedis = errors.New("kami reconcile needs the Redis the server uses, and KAMI_REDIS_URL is unset: " +
+	"this command would start an in-process Redis of its own that the running server never sees, so its repairs " +
+	"(stock counters, close and refund schedules) would go nowhere. With the embedded defaults the server runs the " +
+	"reconciliation itself every night (KAMI_RECONCILE_CRON, 03:30 by default), and an admin runs it now inside the " +
+	"server with the GraphQL mutation runReconciliation. To run it from here, set KAMI_REDIS_URL and " +
+	"KAMI_DATABASE_URL to what the server uses")
+
+// reconcileCommand is `kami reconcile`: one run now, its summary printed
+// once on stdout.
+func reconcileCommand(ctx context.Context, cfg *Config, logger *slog.Logger, stdout io.Writer) error {
+	if cfg.RedisURL == "" {
+		return errReconcileNeedsRedis
+	}
+	a, err := newApp(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer a.Close(context.Background())
+	run, err := a.reconciler.Run(ctx)
+	if errors.Is(err, domain.ErrReconcileRunning) {
+		return errors.New("reconcile: another process is running it right now; nothing done")
+	}
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	fmt.Fprintln(stdout, "reconcile:", run.Summary)
+	if run.Error != "" || run.Violations > 0 {
+		return fmt.Errorf("reconcile: %s", or(run.Error, "ledger violations found"))
+	}
+	return nil
 }
 
 func newLogger(cfg *Config, w io.Writer) *slog.Logger {
@@ -177,7 +200,7 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 	if cfg.Alipay.enabled() {
 		c, err := alipay.New(alipay.Config{AppID: cfg.Alipay.AppID, PrivateKey: cfg.Alipay.PrivateKey,
 			AlipayPublicKey: cfg.Alipay.PublicKey, Gateway: cfg.Alipay.Gateway,
-			NotifyURL: cfg.PublicURL + "/webhooks/alipay", ReturnURL: cfg.PublicURL, Timeout: cfg.ProviderTimeout})
+			NotifyURL: cfg.PublicURL + "/webhooks/alipay", ReturnURL: cfg.ReturnURL, Timeout: cfg.ProviderTimeout})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -299,7 +322,8 @@ func (a *app) start(ctx context.Context) error {
 	return nil
 }
 
-// reconcile runs the reconciliation once and logs its one summary line.
+// reconcile runs the reconciliation once and logs its one summary line
+// (the nightly run; `kami reconcile` prints its summary instead).
 func (a *app) reconcile(ctx context.Context) (*domain.ReconcileRun, error) {
 	run, err := a.reconciler.Run(ctx)
 	switch {
@@ -379,7 +403,10 @@ func (a *app) routes(events *queue.Events) http.Handler {
 	mux.Handle("/graphql", graph.NewHandler(graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
 		Reconciler: a.reconciler, Statements: a.statements,
 		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL}))
-	mux.Handle("GET /{$}", graph.Playground())
+	pg := playground.Handler("/graphql")
+	mux.Handle("GET /{$}", pg)
+	mux.Handle("GET "+playground.Prefix, pg)
+	mux.Handle("GET /favicon.ico", pg)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -438,7 +465,8 @@ func (a *app) payPageOrder(ctx context.Context, orderNo string) (sandbox.PageOrd
 	if p, err := a.ledger.Product(ctx, o.ProductID); err == nil {
 		subject = p.Name
 	}
-	return sandbox.PageOrder{OrderNo: o.OrderNo, Subject: subject, AmountFen: o.AmountFen, ExpiresAt: o.ExpiresAt, Status: string(o.Status)}, nil
+	return sandbox.PageOrder{OrderNo: o.OrderNo, Subject: subject, AmountFen: o.AmountFen, ExpiresAt: o.ExpiresAt, Status: string(o.Status),
+		ReturnURL: a.cfg.returnLink(o.OrderNo)}, nil
 }
 
 // ready answers 200 when the database answers and every migration is
@@ -465,6 +493,33 @@ func (a *app) ready(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "ready\n")
 }
 
+// welcome tells the person who started kami, in words, where to go next:
+// the playground, where the admin token is, what the sandbox is. Secrets
+// generated on this start are said once, here.
+func welcome(w io.Writer, cfg *Config, providers []string) {
+	fmt.Fprintf(w, "\nkami is ready. Open %s/ in a browser for the GraphQL playground.\n", cfg.PublicURL)
+	switch {
+	case cfg.adminTokenFile == "":
+		fmt.Fprintln(w, "Admin calls need the header \"Authorization: Bearer <KAMI_ADMIN_TOKEN>\" (the token you set).")
+	case cfg.generatedAdminToken:
+		fmt.Fprintf(w, "An admin token was generated and kept in %s: admin calls need the header\n  Authorization: Bearer %s\n", cfg.adminTokenFile, cfg.AdminToken)
+	default:
+		fmt.Fprintf(w, "Admin calls need the header \"Authorization: Bearer <token>\" with the token kept in %s.\n", cfg.adminTokenFile)
+	}
+	if cfg.generatedCardKey {
+		fmt.Fprintf(w, "A card key was generated in %s: back it up, card codes cannot be read without it.\n", cfg.cardKeyFile)
+	}
+	if cfg.sandboxEnabled() {
+		where := "KAMI_SANDBOX_SECRET"
+		if cfg.sandboxSecretFile != "" {
+			where = cfg.sandboxSecretFile
+		}
+		fmt.Fprintf(w, "The sandbox payment provider is on: orders with provider \"sandbox\" are paid on kami's own pay page\n"+
+			"  (%s/sandbox/pay/<orderNo>) and no real money moves; its notifications are signed with the secret in %s.\n", cfg.PublicURL, where)
+	}
+	fmt.Fprintf(w, "Payment providers: %s. The README's quick start walks a whole purchase.\n\n", strings.Join(providers, ", "))
+}
+
 // serve runs the server until ctx ends, then shuts down gracefully: stop
 // taking requests, finish those in flight, stop background jobs, close pools.
 func serve(ctx context.Context, cfg *Config, logger *slog.Logger, stdout io.Writer) error {
@@ -476,9 +531,6 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, stdout io.Writ
 		a.Close(context.Background())
 		return err
 	}
-	for _, g := range cfg.generated {
-		fmt.Fprintln(stdout, "generated", g)
-	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		a.Close(context.Background())
@@ -489,6 +541,7 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, stdout io.Writ
 	go func() { served <- srv.Serve(ln) }()
 	logger.Info("kami is serving", "addr", ln.Addr().String(), "public_url", cfg.PublicURL,
 		"database", a.db.Dialect().Name().String(), "providers", a.shop.Providers.Names())
+	welcome(stdout, cfg, a.shop.Providers.Names())
 
 	select {
 	case err = <-served:

@@ -29,7 +29,7 @@ func apply(ctx context.Context, db bun.IDB, t Transition, now time.Time, key fun
 	for _, c := range cols {
 		q = q.Set(c.expr, c.args...)
 	}
-	q = key(q).Where("status IN (?)", bun.In(t.From))
+	q = key(q).Where("status IN (?)", bun.List(t.From))
 	res, err := q.Exec(ctx)
 	if err != nil {
 		return 0, err
@@ -42,11 +42,11 @@ func whereOrderNo(no string) func(*bun.UpdateQuery) *bun.UpdateQuery {
 }
 
 func whereOrderNos(nos []string) func(*bun.UpdateQuery) *bun.UpdateQuery {
-	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("order_no IN (?)", bun.In(nos)) }
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("order_no IN (?)", bun.List(nos)) }
 }
 
 func whereIDs(ids []int64) func(*bun.UpdateQuery) *bun.UpdateQuery {
-	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("id IN (?)", bun.In(ids)) }
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("id IN (?)", bun.List(ids)) }
 }
 
 func whereRefundNo(no string) func(*bun.UpdateQuery) *bun.UpdateQuery {

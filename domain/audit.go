@@ -166,7 +166,7 @@ func auditRefunds(ctx context.Context, db bun.IDB) ([]Violation, error) {
 	}
 	var missing []string
 	if err := db.NewSelect().TableExpr("orders AS o").Column("o.order_no").
-		Where("o.status IN (?)", bun.In([]OrderStatus{OrderRefunding, OrderRefunded})).
+		Where("o.status IN (?)", bun.List([]OrderStatus{OrderRefunding, OrderRefunded})).
 		Where("NOT EXISTS (SELECT 1 FROM refund_order AS r WHERE r.order_no = o.order_no AND r.cause <> ?)", CauseDuplicatePayment).
 		Limit(auditLimit).Scan(ctx, &missing); err != nil {
 		return nil, err

@@ -306,7 +306,7 @@ func stockCounts(ctx context.Context, db bun.IDB, ids ...int64) (map[int64]Stock
 	}
 	q := db.NewSelect().Table("card_stock").Column("product_id", "status").ColumnExpr("COUNT(*) AS n").Group("product_id", "status")
 	if len(ids) > 0 {
-		q = q.Where("product_id IN (?)", bun.In(ids))
+		q = q.Where("product_id IN (?)", bun.List(ids))
 	}
 	if err := q.Scan(ctx, &rows); err != nil {
 		return nil, err
@@ -397,7 +397,7 @@ func (l *Ledger) ImportCards(ctx context.Context, productID int64, codes []strin
 			}
 			var existing []string
 			if err := tx.NewSelect().Table("card_stock").Column("code_hash").
-				Where("product_id = ?", productID).Where("code_hash IN (?)", bun.In(hashes)).
+				Where("product_id = ?", productID).Where("code_hash IN (?)", bun.List(hashes)).
 				Scan(ctx, &existing); err != nil {
 				return err
 			}

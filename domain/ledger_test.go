@@ -713,7 +713,7 @@ func TestRefundRetriesAndAdminRefund(t *testing.T) {
 		}
 		_, err = b.ledger.RetryRefund(b.ctx, r.RefundNo, "admin")
 		wantCode(t, err, domain.ECONFLICT)
-		r, changed, err := b.ledger.RefundSucceeded(b.ctx, r.RefundNo, "")
+		_, changed, err := b.ledger.RefundSucceeded(b.ctx, r.RefundNo, "")
 		if err != nil || !changed {
 			t.Fatal(err)
 		}
@@ -726,7 +726,7 @@ func TestRefundRetriesAndAdminRefund(t *testing.T) {
 			t.Fatalf("cards %v", cs)
 		}
 		var entries []domain.AuditEntry
-		db.NewSelect().Model(&entries).Where("action IN (?)", bun.In([]string{"order.refund", "refund.retry"})).Scan(b.ctx)
+		db.NewSelect().Model(&entries).Where("action IN (?)", bun.List([]string{"order.refund", "refund.retry"})).Scan(b.ctx)
 		if len(entries) != 2 {
 			t.Fatalf("audit log %+v", entries)
 		}

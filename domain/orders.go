@@ -179,7 +179,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		// rows instead of sorting every lockable card of the product.
 		var free []int64
 		if err := forUpdateSkipLocked(tx.NewSelect().Table("card_stock").Column("id").
-			Where("product_id = ?", productID).Where("status IN (?)", bun.In(CardLock.From)).
+			Where("product_id = ?", productID).Where("status IN (?)", bun.List(CardLock.From)).
 			Limit(int64(want[productID]))).Scan(ctx, &free); err != nil {
 			return nil, nil, err
 		}
@@ -229,7 +229,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		})
 		flows = append(flows, StockFlow{ProductID: p.ID, OrderNo: no, ChangeType: FlowLock, Quantity: in.Quantity})
 		cardIDs = append(cardIDs, ids...)
-		orderOf = append(orderOf, bun.In(ids), no)
+		orderOf = append(orderOf, bun.List(ids), no)
 	}
 	if _, err := tx.NewInsert().Model(&orders).Exec(ctx); err != nil {
 		if isUniqueViolation(err) && !hasKey {
@@ -279,7 +279,7 @@ func (l *Ledger) replayBatch(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		return nil
 	}
 	var found []Order
-	if err := tx.NewSelect().Model(&found).Where("idempotency_key IN (?)", bun.In(keys)).Scan(ctx); err != nil {
+	if err := tx.NewSelect().Model(&found).Where("idempotency_key IN (?)", bun.List(keys)).Scan(ctx); err != nil {
 		return err
 	}
 	for _, o := range found {
@@ -355,7 +355,7 @@ func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrd
 			Held  int    `bun:"held"`
 		}
 		if err := tx.NewSelect().Table("orders").ColumnExpr("? AS value, COUNT(*) AS held", bun.Ident(r.column)).
-			Where("? IN (?)", bun.Ident(r.column), bun.In(values)).Where("status = ?", OrderPending).
+			Where("? IN (?)", bun.Ident(r.column), bun.List(values)).Where("status = ?", OrderPending).
 			GroupExpr("?", bun.Ident(r.column)).Scan(ctx, &rows); err != nil {
 			return err
 		}
@@ -503,7 +503,7 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	// orders until the batch commits; the payment then finds them CLOSED.
 	if err := forUpdate(tx.NewSelect().Model(&orders).
 		Column("order_no", "product_id", "quantity", "status", "expires_at").
-		Where("order_no IN (?)", bun.In(nos)).Order("order_no")).Scan(ctx); err != nil {
+		Where("order_no IN (?)", bun.List(nos)).Order("order_no")).Scan(ctx); err != nil {
 		return nil, nil, err
 	}
 	byNo := make(map[string]*Order, len(orders))
@@ -540,7 +540,7 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		N       int    `bun:"n"`
 	}
 	if err := tx.NewSelect().Table("card_stock").Column("order_no").ColumnExpr("COUNT(*) AS n").
-		Where("order_no IN (?)", bun.In(closing)).Where("status = ?", CardLocked).
+		Where("order_no IN (?)", bun.List(closing)).Where("status = ?", CardLocked).
 		Group("order_no").Scan(ctx, &locked); err != nil {
 		return nil, nil, err
 	}

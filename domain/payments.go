@@ -575,7 +575,7 @@ func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attem
 					Message: fmt.Sprintf("gave up after %d attempts: %s; retry it with retryRefund", failures, detail)}
 			}
 		} else {
-			n, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
+			_, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
 				col("retry_count = ?", failures), col("last_error = ?", detail),
 				col("next_retry_at = ?", now.Add(l.cfg.RefundBackoff[failures-1])))
 		}

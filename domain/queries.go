@@ -200,7 +200,7 @@ func productsByID(ctx context.Context, db bun.IDB, ids []int64) (map[int64]*Prod
 		return out, nil
 	}
 	var ps []Product
-	if err := db.NewSelect().Model(&ps).Where("id IN (?)", bun.In(ids)).Scan(ctx); err != nil {
+	if err := db.NewSelect().Model(&ps).Where("id IN (?)", bun.List(ids)).Scan(ctx); err != nil {
 		return nil, err
 	}
 	for i := range ps {
@@ -217,7 +217,7 @@ func (l *Ledger) OrdersByNo(ctx context.Context, orderNos []string) (map[string]
 		return out, nil
 	}
 	var os []Order
-	if err := l.db.NewSelect().Model(&os).Where("order_no IN (?)", bun.In(orderNos)).Scan(ctx); err != nil {
+	if err := l.db.NewSelect().Model(&os).Where("order_no IN (?)", bun.List(orderNos)).Scan(ctx); err != nil {
 		return nil, err
 	}
 	for i := range os {
@@ -237,7 +237,7 @@ func (l *Ledger) SoldCodes(ctx context.Context, orderNos []string) (map[string][
 	}
 	var cards []Card
 	if err := l.db.NewSelect().Model(&cards).Column("id", "product_id", "order_no", "code_enc").
-		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", CardSold).
+		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", CardSold).
 		Order("id").Scan(ctx); err != nil {
 		return nil, err
 	}

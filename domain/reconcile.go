@@ -216,7 +216,7 @@ func (l *Ledger) RefundFailureRate(ctx context.Context) (*float64, error) {
 		N      int64        `bun:"n"`
 	}
 	if err := l.db.NewSelect().Table("refund_order").Column("status").ColumnExpr("COUNT(*) AS n").
-		Where("status IN (?)", bun.In([]RefundStatus{RefundSucceeded, RefundFailed})).Group("status").Scan(ctx, &rows); err != nil {
+		Where("status IN (?)", bun.List([]RefundStatus{RefundSucceeded, RefundFailed})).Group("status").Scan(ctx, &rows); err != nil {
 		return nil, err
 	}
 	var failed, all int64

@@ -144,5 +144,3 @@ func wantCode(t testing.TB, err error, code string) {
 		t.Fatalf("error code %q (%v), want %q", got, err, code)
 	}
 }
-
-func ptr[T any](v T) *T { return &v }

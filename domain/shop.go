@@ -30,6 +30,9 @@ type StockGate interface {
 // fatal: the sweepers rebuild it from the database.
 type Scheduler interface {
 	ScheduleClose(ctx context.Context, orderNo string, due time.Time) error
+	// CancelClose takes a paid order's close off the queue. Losing it is
+	// harmless: the close finds the order PAID and skips it.
+	CancelClose(ctx context.Context, orderNo string) error
 	ScheduleRefund(ctx context.Context, refundNo string, due time.Time) error
 }
 
@@ -94,6 +97,7 @@ func (s *Shop) PlaceOrder(ctx context.Context, in PlaceOrderInput, method, clien
 		s.observer().OrderRefused(ErrorCode(err))
 	} else if !co.Replayed {
 		s.observer().OrderPlaced()
+		s.logPlaced(ctx, co.Order)
 	}
 	return co, err
 }
@@ -236,6 +240,14 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 		}
 		s.observer().OrderClosed(reason, r.Outcome, lateBy)
 		if r.Outcome == Closed {
+			s.logClosed(ctx, r, reason)
+			if reason != CloseTimeout && s.Scheduler != nil {
+				// Closed before its time (its buyer cancelled): its
+				// close task would only wait in the queue until then.
+				if err := s.Scheduler.CancelClose(ctx, r.OrderNo); err != nil {
+					s.log().DebugContext(ctx, "close task of a cancelled order left queued; its close will skip it", "order", r.OrderNo, "err", err)
+				}
+			}
 			released[r.ProductID] += r.Released
 			if s.Events != nil {
 				s.Events.OrderChanged(ctx, r.OrderNo, OrderClosed)
@@ -267,7 +279,7 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 	keep := make([]bool, len(orderNos))
 	var due []Order
 	if err := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "provider", "status", "expires_at").
-		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", OrderPending).
+		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", OrderPending).
 		Where("expires_at <= ?", dueBy).Scan(ctx); err != nil {
 		s.log().WarnContext(ctx, "trade checks before close skipped", "err", err)
 	}
@@ -329,8 +341,17 @@ func (s *Shop) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, er
 		return nil, err
 	}
 	s.observer().PaymentRecorded(res.Outcome)
+	s.logPayment(ctx, p, res)
 	if res.Outcome != PaymentDuplicate {
 		s.changed(ctx, res.Order)
+	}
+	if res.Outcome == PaymentDelivered && s.Scheduler != nil {
+		// A paid order never closes: its close task leaves the queue now,
+		// so the backlog counts only orders that can still close. The
+		// payments of one batch send these together (one round trip).
+		if err := s.Scheduler.CancelClose(ctx, res.Order.OrderNo); err != nil {
+			s.log().DebugContext(ctx, "close task of a paid order left queued; its close will skip it", "order", res.Order.OrderNo, "err", err)
+		}
 	}
 	if res.Outcome == PaymentLateDelivered && s.Gate != nil {
 		// The re-locked cards were counted as free again when the order
@@ -378,13 +399,24 @@ func (s *Shop) HandleNotification(ctx context.Context, providerName string, head
 			TradeNo: ev.TradeNo, AmountFen: ev.AmountFen, PaidAt: ev.PaidAt, Raw: string(body)})
 	case providers.EventRefundSucceeded, providers.EventRefundFailed:
 		var r *Refund
-		r, _, err = s.Ledger.RecordRefundEvent(ctx, RefundEvent{Provider: p.Name(), NotifyID: ev.NotifyID, RefundNo: ev.RefundNo,
+		var moved bool
+		r, moved, err = s.Ledger.RecordRefundEvent(ctx, RefundEvent{Provider: p.Name(), NotifyID: ev.NotifyID, RefundNo: ev.RefundNo,
 			Succeeded: ev.Kind == providers.EventRefundSucceeded, Raw: string(body)})
 		if err == nil && r != nil {
 			if r.Status == RefundSucceeded {
-				if o, oerr := s.Ledger.Order(ctx, r.OrderNo); oerr == nil {
+				o, oerr := s.Ledger.Order(ctx, r.OrderNo)
+				if oerr == nil {
 					s.changed(ctx, o)
 				}
+				if moved {
+					s.logRefunded(ctx, r, o, "notification")
+				}
+			} else if moved { // the gateway reported the refund failed
+				result := "retry"
+				if r.Status == RefundFailed {
+					result = "failed"
+				}
+				s.logRefundAttempt(ctx, r, r.RetryCount, result, "the gateway reported the refund failed")
 			}
 			s.scheduleRefund(ctx, r)
 		}
@@ -442,9 +474,11 @@ func (s *Shop) refundSucceeded(ctx context.Context, r *Refund, providerRefundID 
 	s.observer().RefundAttempt("succeeded", r.RetryCount+1)
 	r, changed, err := s.Ledger.RefundSucceeded(ctx, r.RefundNo, providerRefundID)
 	if err == nil && changed {
-		if o, oerr := s.Ledger.Order(ctx, r.OrderNo); oerr == nil {
+		o, oerr := s.Ledger.Order(ctx, r.OrderNo)
+		if oerr == nil {
 			s.changed(ctx, o)
 		}
+		s.logRefunded(ctx, r, o, "refund call")
 	}
 	return r, err
 }
@@ -455,11 +489,12 @@ func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Ref
 	if err != nil {
 		return nil, err
 	}
+	result := "retry"
 	if r.Status == RefundFailed {
-		s.observer().RefundAttempt("failed", attempt)
-	} else {
-		s.observer().RefundAttempt("retry", attempt)
+		result = "failed"
 	}
+	s.observer().RefundAttempt(result, attempt)
+	s.logRefundAttempt(ctx, r, attempt, result, detail)
 	s.scheduleRefund(ctx, r)
 	return r, nil
 }
@@ -481,6 +516,7 @@ func (s *Shop) RequestRefund(ctx context.Context, orderNo, reason, actor string)
 	if err != nil {
 		return nil, err
 	}
+	s.logRefundRequested(ctx, r, OrderPaid, actor)
 	if o, err := s.Ledger.Order(ctx, orderNo); err == nil {
 		s.changed(ctx, o)
 	}
@@ -494,6 +530,7 @@ func (s *Shop) RetryRefund(ctx context.Context, refundNo, actor string) (*Refund
 	if err != nil {
 		return nil, err
 	}
+	s.logRefundRequested(ctx, r, "", actor)
 	s.scheduleRefund(ctx, r)
 	return r, nil
 }

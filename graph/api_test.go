@@ -127,6 +127,9 @@ func TestBuyerSeesOwnOrderAndCodesOnlyWhenPaid(t *testing.T) {
 	if mine.Payment.Kind != "REDIRECT" || !strings.Contains(mine.Payment.URL, "/sandbox/pay/"+mine.Order.OrderNo) || mine.Payment.ExpiresAt == "" {
 		t.Errorf("payment: %+v", mine.Payment)
 	}
+	if string(mine.Payment.QRCode) != "null" {
+		t.Errorf("a redirect payment's qrCode = %s, want null", mine.Payment.QRCode)
+	}
 
 	read := func(who as, orderNo string, token *string, fields string) result {
 		vars := map[string]any{"no": orderNo}

@@ -21,7 +21,6 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
-	"github.com/99designs/gqlgen/graphql/playground"
 	coderws "github.com/coder/websocket"
 	"github.com/vektah/gqlparser/v2/ast"
 
@@ -197,11 +196,6 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := withViewer(r.Context(), viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken))
 	ctx = withClientAddr(ctx, h.cfg.ClientAddr(r))
 	h.srv.ServeHTTP(w, r.WithContext(ctx))
-}
-
-// Playground serves the GraphQL playground for /graphql.
-func Playground() http.Handler {
-	return playground.Handler("kami", "/graphql")
 }
 
 // newSchemaConfig wires the resolvers and the complexity of the lists: a

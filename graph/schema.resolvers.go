@@ -10,6 +10,7 @@ import (
 	"kami/domain"
 	"kami/graph/generated"
 	"kami/graph/model"
+	"kami/providers"
 )
 
 // Product is the resolver for the product field.
@@ -115,6 +116,14 @@ func (r *orderResolver) Cards(ctx context.Context, obj *model.Order) ([]string, 
 		codes = []string{}
 	}
 	return codes, err
+}
+
+func (r *paymentResolver) URL(ctx context.Context, obj *providers.PaymentAction) (*string, error) {
+	return nonEmpty(obj.URL), nil
+}
+
+func (r *paymentResolver) QRCode(ctx context.Context, obj *providers.PaymentAction) (*string, error) {
+	return nonEmpty(obj.QRCode), nil
 }
 
 // Stock is the resolver for the stock field.
@@ -240,6 +249,8 @@ func (r *Resolver) Mutation() generated.MutationResolver { return &mutationResol
 
 func (r *Resolver) Order() generated.OrderResolver { return &orderResolver{r} }
 
+func (r *Resolver) Payment() generated.PaymentResolver { return &paymentResolver{r} }
+
 func (r *Resolver) Product() generated.ProductResolver { return &productResolver{r} }
 
 func (r *Resolver) Query() generated.QueryResolver { return &queryResolver{r} }
@@ -252,6 +263,7 @@ type (
 	cardResolver         struct{ *Resolver }
 	mutationResolver     struct{ *Resolver }
 	orderResolver        struct{ *Resolver }
+	paymentResolver      struct{ *Resolver }
 	productResolver      struct{ *Resolver }
 	queryResolver        struct{ *Resolver }
 	refundResolver       struct{ *Resolver }

@@ -116,7 +116,7 @@ func setup(t testing.TB, opts options) *bundle {
 		opts.kind = dbtest.SQLite
 	}
 	b := &bundle{ctx: context.Background(), db: dbtest.Open(t, opts.kind), events: newMemEvents(), queries: &queryCounter{}}
-	b.db.AddQueryHook(b.queries)
+	b.db = b.db.WithQueryHook(b.queries)
 	sealer, err := domain.NewSealer(cardKey)
 	if err != nil {
 		t.Fatal(err)
@@ -162,14 +162,6 @@ type gqlError struct {
 type result struct {
 	Data   json.RawMessage
 	Errors []gqlError
-}
-
-func (r result) codes() []string {
-	var cs []string
-	for _, e := range r.Errors {
-		cs = append(cs, e.Extensions.Code)
-	}
-	return cs
 }
 
 // decode unpacks the data into v, failing on errors.
@@ -264,6 +256,7 @@ type placed struct {
 	Payment     struct {
 		Kind      string
 		URL       string
+		QRCode    json.RawMessage // null and "" differ
 		ExpiresAt string
 	}
 }
@@ -277,7 +270,7 @@ func (b *bundle) order(t testing.TB, productID string, qty int, contact string) 
 }
 
 const createOrder = `mutation($in: CreateOrderInput!) { createOrder(input: $in) {
-	order { orderNo status amount } accessToken payment { kind url expiresAt } } }`
+	order { orderNo status amount } accessToken payment { kind url qrCode expiresAt } } }`
 
 // pay delivers a signed sandbox payment notification for the order.
 func (b *bundle) pay(t testing.TB, orderNo, tradeNo string) {

@@ -19,7 +19,9 @@ import (
 // errors are 400 only under application/graphql-response+json (200 under
 // application/json), an oversized body is 413 (gqlgen reads the limit error
 // as a 200), a body that is not JSON is 400 without echoing it, a
-// non-JSON POST is 415, and subscriptions need the WebSocket.
+// non-JSON POST is 415, subscriptions need the WebSocket, and a request
+// that fails before execution (it does not parse or validate) has no data
+// entry at all, not "data": null.
 
 const (
 	mediaJSON            = "application/json"
@@ -27,24 +29,30 @@ const (
 )
 
 // responseType picks the response media type from Accept; "" when the
-// client accepts neither JSON type (406). No Accept means a legacy client:
-// application/json.
+// client accepts neither JSON type (406). No Accept, or only a wildcard
+// (*/*, application/*), means a legacy client: application/json, which
+// every client understands. application/graphql-response+json is for the
+// clients that ask for it by name.
 func responseType(r *http.Request) string {
 	accept := r.Header.Values("Accept")
 	if len(accept) == 0 {
 		return mediaJSON
 	}
+	wildcard := false
 	for _, part := range strings.Split(strings.Join(accept, ","), ",") {
 		mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
 		if err != nil {
 			continue
 		}
 		switch mt {
-		case mediaGraphQLResponse, "*/*", "application/*":
-			return mediaGraphQLResponse
-		case mediaJSON:
-			return mediaJSON
+		case mediaGraphQLResponse, mediaJSON:
+			return mt
+		case "*/*", "application/*":
+			wildcard = true
 		}
+	}
+	if wildcard {
+		return mediaJSON
 	}
 	return ""
 }
@@ -52,6 +60,23 @@ func responseType(r *http.Request) string {
 // writeResponse writes resp with status. Under application/json every
 // response to a well-formed request is 200.
 func writeResponse(w http.ResponseWriter, mediaType string, status int, resp *graphql.Response) {
+	writeJSON(w, mediaType, status, resp)
+}
+
+// notExecuted is the response to a request that failed before execution:
+// the GraphQL spec leaves the data entry out then (gqlgen's Response would
+// write "data": null, which says execution began).
+type notExecuted struct {
+	Errors     gqlerror.List  `json:"errors"`
+	Extensions map[string]any `json:"extensions,omitempty"`
+}
+
+// writeNotExecuted writes resp, whose request never executed, without data.
+func writeNotExecuted(w http.ResponseWriter, mediaType string, status int, resp *graphql.Response) {
+	writeJSON(w, mediaType, status, notExecuted{Errors: resp.Errors, Extensions: resp.Extensions})
+}
+
+func writeJSON(w http.ResponseWriter, mediaType string, status int, resp any) {
 	if mediaType == "" {
 		mediaType = mediaJSON
 	}
@@ -75,7 +100,7 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg st
 	if mt == "" {
 		mt = mediaJSON
 	}
-	b, _ := json.Marshal(&graphql.Response{Errors: gqlerror.List{{Message: msg, Extensions: map[string]any{"code": code}}}})
+	b, _ := json.Marshal(notExecuted{Errors: gqlerror.List{{Message: msg, Extensions: map[string]any{"code": code}}}})
 	w.Header().Set("Content-Type", mt+"; charset=utf-8")
 	w.WriteHeader(status)
 	w.Write(b)
@@ -168,7 +193,7 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 		if isRequestError(errs) {
 			status = http.StatusBadRequest
 		}
-		writeResponse(w, mt, status, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), errs))
+		writeNotExecuted(w, mt, status, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), errs))
 		return
 	}
 	switch op := opCtx.Operation.Operation; {
@@ -179,7 +204,7 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 	case op == ast.Subscription:
 		err := gqlerror.Errorf("subscriptions need a WebSocket (graphql-transport-ws or graphql-ws) on this path")
 		err.Extensions = map[string]any{"code": codeBadRequest}
-		writeResponse(w, mt, http.StatusBadRequest, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), gqlerror.List{err}))
+		writeNotExecuted(w, mt, http.StatusBadRequest, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), gqlerror.List{err}))
 		return
 	}
 	responses, ctx := exec.DispatchOperation(ctx, opCtx)

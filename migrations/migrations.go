@@ -143,6 +143,6 @@ func lock(ctx context.Context, m *migrate.Migrator) error {
 // alreadyExists tolerates two processes creating bun's own tables at once.
 func alreadyExists(err error) bool {
 	s := strings.ToLower(err.Error())
-	return errors.Is(err, context.Canceled) == false &&
+	return !errors.Is(err, context.Canceled) &&
 		(strings.Contains(s, "already exists") || strings.Contains(s, "duplicate"))
 }

@@ -59,7 +59,7 @@ func workerMain() int {
 		}
 		if len(c.Members) > 0 {
 			if _, err := tx.NewUpdate().Table("orders").Set("updated_at = ?", time.Now().UTC()).
-				Where("order_no IN (?)", bun.In(c.Members)).Exec(ctx); err != nil {
+				Where("order_no IN (?)", bun.List(c.Members)).Exec(ctx); err != nil {
 				return fail(err)
 			}
 		}

@@ -36,6 +36,12 @@ func (s *Scheduler) ScheduleClose(ctx context.Context, orderNo string, due time.
 	return nil
 }
 
+// CancelClose takes orderNo's close off the close queue (and out of a
+// worker's lease): the order was paid and will never close.
+func (s *Scheduler) CancelClose(ctx context.Context, orderNo string) error {
+	return s.Close.Cancel(ctx, orderNo)
+}
+
 // ScheduleRefund schedules an attempt at refundNo at due.
 func (s *Scheduler) ScheduleRefund(ctx context.Context, refundNo string, due time.Time) error {
 	return s.Refund.Schedule(ctx, refundNo, due)

@@ -79,15 +79,6 @@ end
 return n
 `)
 
-// cancelScript removes a member from a queue and its lease set.
-//
-// KEYS[1] queue ZSET, KEYS[2] lease ZSET
-// ARGV[1] member
-// Returns the number of entries removed (0 to 2).
-var cancelScript = redis.NewScript(`
-return redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[2], ARGV[1])
-`)
-
 // takeScript takes ARGV[1] from a stock counter if at least that many are
 // left.
 //

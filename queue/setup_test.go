@@ -217,7 +217,7 @@ func closedOnce(t testing.TB, db *bun.DB, nos []string) {
 			t.Errorf("order %s was not to be closed but has %d close flows", no, n)
 		}
 	}
-	n, err := db.NewSelect().Table("orders").Where("order_no IN (?)", bun.In(nos)).Where("status = ?", domain.OrderClosed).Count(ctx)
+	n, err := db.NewSelect().Table("orders").Where("order_no IN (?)", bun.List(nos)).Where("status = ?", domain.OrderClosed).Count(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

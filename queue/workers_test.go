@@ -119,7 +119,7 @@ func TestWorkersGatherDueOrdersIntoBatches(t *testing.T) {
 	rs := redistest.Open(t, redistest.Mini)
 	db := dbtest.Open(t, dbtest.SQLite)
 	closes := &closeCounter{}
-	db.AddQueryHook(closes)
+	db = db.WithQueryHook(closes)
 	e := newEnv(t, db, rs, domain.Config{OrderTTL: 500 * time.Millisecond})
 	e.ledger.Now = time.Now // real time: the waker's timing is what is tested
 	p := e.product(t, 20)

@@ -1,9 +1,10 @@
 // Package domaintest holds the few fixtures tests all over kami share: a
-// settable clock, a fixed card key, and waiting for a condition instead of
-// sleeping. Database fixtures are in dbtest.
+// settable clock, a fixed card key, waiting for a condition instead of
+// sleeping, and a log destination to read. Database fixtures are in dbtest.
 package domaintest
 
 import (
+	"bytes"
 	"sync"
 	"testing"
 	"time"
@@ -57,4 +58,24 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// LogBuffer is a log destination that goroutines may write to while the
+// test reads it.
+type LogBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *LogBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String is everything written so far.
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

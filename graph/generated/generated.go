@@ -35,6 +35,7 @@ type ResolverRoot interface {
 	GatewayTrade() GatewayTradeResolver
 	Mutation() MutationResolver
 	Order() OrderResolver
+	Payment() PaymentResolver
 	Product() ProductResolver
 	Query() QueryResolver
 	ReconcileRun() ReconcileRunResolver
@@ -335,6 +336,10 @@ type OrderResolver interface {
 
 	TradeNo(ctx context.Context, obj *model.Order) (*string, error)
 	Cards(ctx context.Context, obj *model.Order) ([]string, error)
+}
+type PaymentResolver interface {
+	URL(ctx context.Context, obj *providers.PaymentAction) (*string, error)
+	QRCode(ctx context.Context, obj *providers.PaymentAction) (*string, error)
 }
 type ProductResolver interface {
 	Stock(ctx context.Context, obj *domain.Product) (int, error)
@@ -4782,18 +4787,18 @@ func (ec *executionContext) _Payment_url(ctx context.Context, field graphql.Coll
 			return ec.fieldContext_Payment_url(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.URL, nil
+			return ec.Resolvers.Payment().URL(ctx, obj)
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
-			return ec.marshalOString2string(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
 		},
 		true,
 		false,
 	)
 }
 func (ec *executionContext) fieldContext_Payment_url(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Payment", field, false, false, "String")
+	return graphql.NewScalarFieldContext("Payment", field, true, true, "String")
 }
 
 func (ec *executionContext) _Payment_qrCode(ctx context.Context, field graphql.CollectedField, obj *providers.PaymentAction) (ret graphql.Marshaler) {
@@ -4805,18 +4810,18 @@ func (ec *executionContext) _Payment_qrCode(ctx context.Context, field graphql.C
 			return ec.fieldContext_Payment_qrCode(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.QRCode, nil
+			return ec.Resolvers.Payment().QRCode(ctx, obj)
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
-			return ec.marshalOString2string(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
 		},
 		true,
 		false,
 	)
 }
 func (ec *executionContext) fieldContext_Payment_qrCode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Payment", field, false, false, "String")
+	return graphql.NewScalarFieldContext("Payment", field, true, true, "String")
 }
 
 func (ec *executionContext) _Payment_expiresAt(ctx context.Context, field graphql.CollectedField, obj *providers.PaymentAction) (ret graphql.Marshaler) {
@@ -9502,22 +9507,24 @@ func (ec *executionContext) _Payment(ctx context.Context, sel ast.SelectionSet, 
 		case "kind":
 			out.Values[i] = ec._Payment_kind(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "url":
-			out.Values[i] = ec._Payment_url(ctx, field, obj)
-			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Payment_url(ctx, field, obj)
+				})
 		case "qrCode":
-			out.Values[i] = ec._Payment_qrCode(ctx, field, obj)
-			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Payment_qrCode(ctx, field, obj)
+				})
 		case "expiresAt":
 			out.Values[i] = ec._Payment_expiresAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -11881,18 +11888,6 @@ func (ec *executionContext) marshalORefundStatus2ᚖkamiᚋdomainᚐRefundStatus
 	_ = sel
 	_ = ctx
 	res := graphql.MarshalString(string(*v))
-	return res
-}
-
-func (ec *executionContext) unmarshalOString2string(ctx context.Context, v any) (string, error) {
-	res, err := graphql.UnmarshalString(v)
-	return res, graphql.ErrorOnPath(ctx, err)
-}
-
-func (ec *executionContext) marshalOString2string(ctx context.Context, sel ast.SelectionSet, v string) graphql.Marshaler {
-	_ = sel
-	_ = ctx
-	res := graphql.MarshalString(v)
 	return res
 }
 

@@ -16,7 +16,10 @@
 // notification built with Signed and posted straight to the webhook is a
 // notification only: the gateway does not learn of that payment, as with a
 // forged one. Tests use that to send payments a real gateway would not
-// (after a close, with a wrong amount).
+// (after a close, with a wrong amount). PayLate is the gateway's own late
+// payment: it takes the money for a trade the shop closed, as when a
+// buyer's payment crosses the close, and the pay page offers it on a
+// CLOSED order so that the refund path can be watched.
 //
 // A notification is POST /webhooks/sandbox with the JSON body of
 // Notification and the header X-Kami-Signature: the hex HMAC-SHA256 of the
@@ -344,6 +347,18 @@ var ErrUnknownRefund = errors.New("sandbox: no such refund")
 // Paying a paid trade takes nothing more and returns its first notification
 // again, byte for byte (a redelivery). A closed trade cannot be paid.
 func (p *Provider) Pay(orderNo string, amountFen int64) (http.Header, []byte, error) {
+	return p.pay(orderNo, amountFen, false)
+}
+
+// PayLate is Pay for a trade the shop closed: the gateway takes the money
+// anyway, as when a buyer's payment crosses the shop's close. It is how
+// the pay page simulates a late payment, for the refund path to be seen.
+// A paid trade returns its first notification again, as with Pay.
+func (p *Provider) PayLate(orderNo string, amountFen int64) (http.Header, []byte, error) {
+	return p.pay(orderNo, amountFen, true)
+}
+
+func (p *Provider) pay(orderNo string, amountFen int64, evenIfClosed bool) (http.Header, []byte, error) {
 	if !validID(orderNo) || amountFen <= 0 || amountFen > money.MaxFen {
 		return nil, nil, fmt.Errorf("sandbox: cannot pay %d fen for order %q", amountFen, orderNo)
 	}
@@ -357,7 +372,7 @@ func (p *Provider) Pay(orderNo string, amountFen int64) (http.Header, []byte, er
 	if t.tradeNo != "" {
 		return t.header.Clone(), append([]byte(nil), t.body...), nil
 	}
-	if t.status == providers.TradeClosed {
+	if t.status == providers.TradeClosed && !evenIfClosed {
 		return nil, nil, ErrTradeClosed
 	}
 	t.status = providers.TradePaid

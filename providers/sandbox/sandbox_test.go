@@ -156,7 +156,7 @@ func TestFailRefunds(t *testing.T) {
 }
 
 // A late payment posted straight to the webhook is unknown to the sandbox
-// gateway; its refund must still succeed, as DESIGN.md promises.
+// gateway; its refund must still succeed, as the sandbox promises (ARCHITECTURE.md).
 func TestRefundOfPaymentTheGatewayNeverSaw(t *testing.T) {
 	t.Parallel()
 	p := newSandbox(t, nil)
@@ -392,6 +392,17 @@ func (s *shop) notify(p *sandbox.Provider) func(context.Context, http.Header, []
 			return errors.New("database is down at 10.0.0.5")
 		}
 		s.events = append(s.events, ev)
+		// What kami does with a payment: deliver a PENDING order, refund
+		// one that closed.
+		if o, ok := s.orders[ev.OrderNo]; ok && ev.Kind == providers.EventPaymentSucceeded {
+			switch o.Status {
+			case "PENDING":
+				o.Status = "PAID"
+			case "CLOSED":
+				o.Status = "REFUNDING"
+			}
+			s.orders[ev.OrderNo] = o
+		}
 		return nil
 	}
 }
@@ -408,7 +419,10 @@ func setupPage(t *testing.T) pageBundle {
 	now := time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)
 	p := newSandbox(t, func(c *sandbox.Config) { c.Now = func() time.Time { return now } })
 	s := &shop{orders: map[string]sandbox.PageOrder{
-		"K1": {OrderNo: "K1", Subject: `Steam <b>100</b> & "card"`, AmountFen: 1250, ExpiresAt: now.Add(14*time.Minute + 5*time.Second), Status: "PENDING"},
+		"K1": {OrderNo: "K1", Subject: `Steam <b>100</b> & "card"`, AmountFen: 1250, ExpiresAt: now.Add(14*time.Minute + 5*time.Second), Status: "PENDING",
+			ReturnURL: "https://shop.example/orders?orderNo=K1"},
+		"K2": {OrderNo: "K2", Subject: "Steam 50", AmountFen: 5000, ExpiresAt: now.Add(-time.Minute), Status: "CLOSED",
+			ReturnURL: "https://shop.example/orders?orderNo=K2"},
 	}}
 	return pageBundle{p: p, shop: s, handler: p.PayPage(s.lookup, s.notify(p)), now: now}
 }
@@ -436,7 +450,7 @@ func TestPayPageShowsOrder(t *testing.T) {
 		"Steam &lt;b&gt;100&lt;/b&gt; &amp; &#34;card&#34;", // escaped, never markup
 		"14:05", // the countdown without script
 		`data-expires="` + "1777630445000" + `"`,
-		`<form method="post">`,
+		`<form id="pay" method="post">`,
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q:\n%s", want, page)
@@ -488,9 +502,80 @@ func TestPayPagePays(t *testing.T) {
 	if err != nil || st.Status != providers.TradePaid || st.TradeNo != ev.TradeNo || st.AmountFen != 1250 {
 		t.Errorf("QueryPayment after paying = %+v, %v", st, err)
 	}
-	// The page now offers to send the notification again, not to pay again.
-	if page := b.do("GET", "/sandbox/pay/K1", nil).Body.String(); !strings.Contains(page, "Send the notification again") {
-		t.Errorf("page of a paid order:\n%s", page)
+	// The answer shows the order as the shop has it now: PAID, no Pay
+	// button, and the way back to the order.
+	for name, page := range map[string]string{"answer": rec.Body.String(), "page": b.do("GET", "/sandbox/pay/K1", nil).Body.String()} {
+		if !strings.Contains(page, `<strong id="status">PAID</strong>`) || strings.Contains(page, "<form") || strings.Contains(page, "PENDING") ||
+			!strings.Contains(page, `<a id="back" href="https://shop.example/orders?orderNo=K1">`) {
+			t.Errorf("%s after paying:\n%s", name, page)
+		}
+	}
+}
+
+// TestPayPageExpired: past its expiry an order cannot be paid from the
+// page (as a gateway told the expiry refuses it), the page says so without
+// a click, and follows the order until the shop closes it.
+func TestPayPageExpired(t *testing.T) {
+	t.Parallel()
+	b := setupPage(t)
+	b.shop.orders["K1"] = sandbox.PageOrder{OrderNo: "K1", Subject: "x", AmountFen: 1250, ExpiresAt: b.now, Status: "PENDING"}
+	page := b.do("GET", "/sandbox/pay/K1", nil).Body.String()
+	if !strings.Contains(page, "<h1 id=\"title\">Expired</h1>") || strings.Contains(page, "<form") || !strings.Contains(page, "location.reload()") {
+		t.Errorf("page of an expired order:\n%s", page)
+	}
+	if rec := b.do("POST", "/sandbox/pay/K1", nil); rec.Code != http.StatusConflict || len(b.shop.bodies) != 0 {
+		t.Errorf("POST on an expired order = %d, %d notifications", rec.Code, len(b.shop.bodies))
+	}
+	// A page opened before the expiry turns itself: its script knows when.
+	b.shop.orders["K1"] = sandbox.PageOrder{OrderNo: "K1", Subject: "x", AmountFen: 1250, ExpiresAt: b.now.Add(time.Second), Status: "PENDING"}
+	page = b.do("GET", "/sandbox/pay/K1", nil).Body.String()
+	if !strings.Contains(page, `data-expires="`) || !strings.Contains(page, `form.remove()`) {
+		t.Errorf("page before the expiry has no countdown that ends the Pay button:\n%s", page)
+	}
+}
+
+// TestPayPageLatePayment: a CLOSED order's page offers, clearly labelled,
+// to simulate a late payment; it pays the closed trade at the gateway and
+// notifies the shop, and the page then shows the refund the shop started.
+func TestPayPageLatePayment(t *testing.T) {
+	t.Parallel()
+	b := setupPage(t)
+	if err := b.p.ClosePayment(t.Context(), "K2"); err != nil { // the shop closed it
+		t.Fatal(err)
+	}
+	page := b.do("GET", "/sandbox/pay/K2", nil).Body.String()
+	if !strings.Contains(page, `<form class="late" method="post" action="K2/late">`) || !strings.Contains(page, "Sandbox only: simulate a late payment.") ||
+		strings.Contains(page, `id="pay"`) {
+		t.Fatalf("page of a closed order:\n%s", page)
+	}
+	if rec := b.do("POST", "/sandbox/pay/K2/late", http.Header{"Sec-Fetch-Site": {"cross-site"}}); rec.Code != http.StatusForbidden {
+		t.Errorf("cross-site late payment = %d", rec.Code)
+	}
+	if rec := b.do("POST", "/sandbox/pay/K1/late", nil); rec.Code != http.StatusConflict {
+		t.Errorf("late payment of a PENDING order = %d, want 409", rec.Code)
+	}
+	if len(b.shop.bodies) != 0 {
+		t.Fatalf("refused late payments were notified")
+	}
+	rec := b.do("POST", "/sandbox/pay/K2/late", http.Header{"Sec-Fetch-Site": {"same-origin"}})
+	if rec.Code != http.StatusOK || len(b.shop.events) != 1 {
+		t.Fatalf("late payment = %d, %d events:\n%s", rec.Code, len(b.shop.events), rec.Body)
+	}
+	ev := b.shop.events[0]
+	if ev.Kind != providers.EventPaymentSucceeded || ev.OrderNo != "K2" || ev.AmountFen != 5000 {
+		t.Errorf("late payment event %+v", ev)
+	}
+	if st, _ := b.p.QueryPayment(t.Context(), "K2"); st.Status != providers.TradePaid || st.TradeNo != ev.TradeNo {
+		t.Errorf("the gateway did not take the late payment: %+v", st)
+	}
+	if page := rec.Body.String(); !strings.Contains(page, `<strong id="status">REFUNDING</strong>`) || !strings.Contains(page, "location.reload()") ||
+		strings.Contains(page, "<form") {
+		t.Errorf("page after the late payment:\n%s", page)
+	}
+	// The refund of that payment goes through: the trade knows its amount.
+	res, err := b.p.Refund(t.Context(), providers.RefundRequest{RefundNo: "R-K2", OrderNo: "K2", TradeNo: ev.TradeNo, RefundFen: 5000, TotalFen: 5000})
+	if err != nil || res.State != providers.RefundSucceeded {
+		t.Errorf("refund of the late payment: %+v %v", res, err)
 	}
 }
 
