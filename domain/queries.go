@@ -226,6 +226,28 @@ func (l *Ledger) OrdersByNo(ctx context.Context, orderNos []string) (map[string]
 	return out, nil
 }
 
+// OrderStatuses returns the status of each of the given orders in one
+// query (order subscriptions catching up after their event stream broke);
+// numbers with no order are missing from the map.
+func (l *Ledger) OrderStatuses(ctx context.Context, orderNos []string) (map[string]OrderStatus, error) {
+	out := make(map[string]OrderStatus, len(orderNos))
+	if len(orderNos) == 0 {
+		return out, nil
+	}
+	var rows []struct {
+		OrderNo string      `bun:"order_no"`
+		Status  OrderStatus `bun:"status"`
+	}
+	if err := l.db.NewSelect().Table("orders").Column("order_no", "status").
+		Where("order_no IN (?)", bun.In(orderNos)).Scan(ctx, &rows); err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		out[r.OrderNo] = r.Status
+	}
+	return out, nil
+}
+
 // SoldCodes returns the codes of the SOLD cards of the given orders, opened,
 // in card order, in one query (the (order_no, status) index). An order that
 // sold nothing is missing from the map. Callers must have checked, for each
