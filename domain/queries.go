@@ -84,7 +84,7 @@ func (l *Ledger) ListOrders(ctx context.Context, f OrderFilter, after Keyset, li
 		q = q.Where("product_id = ?", f.ProductID)
 	}
 	if f.Contact != "" {
-		q = q.Where("contact = ?", f.Contact)
+		q = q.Where("contact = ?", NormalizeContact(f.Contact)) // as stored
 	}
 	if !f.CreatedFrom.IsZero() {
 		q = q.Where("created_at >= ?", f.CreatedFrom.UTC())
