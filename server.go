@@ -467,8 +467,14 @@ func (a *app) webhook(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBody))
 	if err != nil {
-		a.log.Warn("webhook refused", "provider", name, "reason", "body too large or unreadable")
-		http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			a.log.Warn("webhook refused", "provider", name, "reason", "body too large")
+			http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		a.log.Warn("webhook refused", "provider", name, "reason", "body not read in time or unreadable")
+		http.Error(w, "body not read", http.StatusRequestTimeout)
 		return
 	}
 	p, err := a.shop.HandleNotification(r.Context(), name, r.Header, body)

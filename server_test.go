@@ -83,6 +83,12 @@ type testApp struct {
 
 func newTestApp(t *testing.T, k dbtest.Kind, extra env) *testApp {
 	t.Helper()
+	return newTestAppWith(t, k, extra, nil)
+}
+
+// newTestAppWith is newTestApp with the loaded Config changed by mod.
+func newTestAppWith(t *testing.T, k dbtest.Kind, extra env, mod func(*Config)) *testApp {
+	t.Helper()
 	e := env{"KAMI_DATA_DIR": t.TempDir(), "KAMI_DATABASE_URL": dbtest.URL(t, k), "KAMI_SANDBOX_SECRET": "test-secret",
 		"KAMI_PUBLIC_URL": "http://kami.test", "KAMI_ADMIN_TOKEN": testAdminToken}
 	for k, v := range extra {
@@ -91,6 +97,9 @@ func newTestApp(t *testing.T, k dbtest.Kind, extra env) *testApp {
 	cfg, err := loadConfig(e.get)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if mod != nil {
+		mod(cfg)
 	}
 	a, err := newApp(t.Context(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
