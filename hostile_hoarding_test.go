@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -237,5 +238,41 @@ func TestSandboxBesideRealProviders(t *testing.T) {
 	open.graphql(t, createOrderMutation, orderInput(p2.ID, 1, "free@example.com", "sandbox", "")).decode(t, &placed)
 	if r := open.graphql(t, `{ __schema { queryType { name } } }`, nil); r.code() != "" {
 		t.Errorf("introspection turned on: %+v", r.Errors)
+	}
+}
+
+// TestSandboxWarnedAtStart: whenever buyers can pay with the sandbox the
+// start says so, loudest beside real providers.
+func TestSandboxWarnedAtStart(t *testing.T) {
+	t.Parallel()
+	real := env{"KAMI_ALIPAY_APP_ID": "2021000000000001"}
+	for _, tc := range []struct {
+		name  string
+		e     env
+		level string
+		says  string
+	}{
+		{"no provider", env{}, "WARN", "anyone can take card codes"},
+		{"gives codes away", env{"KAMI_SANDBOX_GIVES_CODES_AWAY": "1"}, "ERROR", "THE SANDBOX GIVES CODES AWAY"},
+		{"secret beside a provider", env{"KAMI_SANDBOX_SECRET": "s"}, "INFO", "buyers cannot pick the sandbox"},
+	} {
+		e := env{}
+		for k, v := range tc.e {
+			e[k] = v
+		}
+		if tc.name != "no provider" {
+			for k, v := range real {
+				e[k] = v
+			}
+		}
+		cfg, err := loadConfig(e.get)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		warnSandbox(cfg, slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})))
+		if !strings.Contains(out.String(), "level="+tc.level) || !strings.Contains(out.String(), tc.says) {
+			t.Errorf("%s: %q", tc.name, out.String())
+		}
 	}
 }
