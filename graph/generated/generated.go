@@ -1200,11 +1200,17 @@ type ImportCardsPayload {
 input CreateOrderInput {
   productId: ID!
   quantity: Int!
-  "How the buyer is reached (email, phone, QQ)."
+  """
+  How the buyer is reached (email, phone, QQ). Stored normalized: lower case,
+  no spaces, full-width characters as ASCII, a phone number as its digits.
+  """
   contact: String!
   "A payment provider's name: sandbox, alipay, wechat."
   provider: String!
-  "Optional; retrying with the same key returns the same order."
+  """
+  Optional; retrying with the same key from the same client address returns
+  the same order. From another address it is another key.
+  """
   idempotencyKey: String
   "The provider's form of payment (alipay: page, wap, qr; wechat: native, h5); empty for its default."
   method: String
@@ -1228,6 +1234,7 @@ type Mutation {
   createProduct(input: CreateProductInput!): Product!
   updateProduct(id: ID!, input: UpdateProductInput!): Product!
   importCards(productId: ID!, codes: [String!]!): ImportCardsPayload!
+  "One per request: an operation with two createOrder is refused."
   createOrder(input: CreateOrderInput!): CreateOrderPayload!
   "The buyer gives up a PENDING order: it closes now and its cards go back on sale."
   cancelOrder(orderNo: String!, accessToken: String!): Order!
