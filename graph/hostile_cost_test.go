@@ -288,3 +288,30 @@ func TestOperationNamesAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestLongDocumentsAreNotKept: documents are kept parsed to spare their
+// validation, but only short ones, with their prices: a hundred distinct
+// 200 KB documents leave the memory where it was.
+func TestLongDocumentsAreNotKept(t *testing.T) {
+	// Not parallel: it measures the process's heap.
+	b := setup(t, options{})
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	for i := range 100 {
+		name := fmt.Sprintf("T%03d%s", i, strings.Repeat("x", 200_000))
+		if r := b.do(t, anon, `{ __type(name: "`+name+`") { name } }`, nil); len(r.Errors) > 0 {
+			t.Fatalf("document %d: %+v", i, r.Errors)
+		}
+
+	}
+	grown := int64(heap()) - int64(before)
+	runtime.KeepAlive(b.handler) // its caches are what is measured
+	if grown > 8<<20 {
+		t.Fatalf("the heap grew by %d bytes after 100 documents of 200 KB", grown)
+	}
+}

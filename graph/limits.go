@@ -250,7 +250,9 @@ func (l *operationLimits) MutateOperationContext(ctx context.Context, opCtx *gra
 		if w.gone {
 			return clientGone()
 		}
-		if !w.variable {
+		if !w.variable && len(opCtx.RawQuery) <= maxCachedQuery {
+			// Kept only beside a kept document: a price would otherwise
+			// keep a long document alive.
 			l.fixed.Add(opCtx.Operation, pr)
 		}
 	}
