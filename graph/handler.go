@@ -94,7 +94,8 @@ type Config struct {
 	// holds at once, MaxConnectionsPerAddress the WebSockets one client
 	// address (domain.AddressKey) holds open; 0: no cap.
 	MaxSubscriptionsPerConnection, MaxConnectionsPerAddress int
-	KeepAlive                                               time.Duration // WebSocket keep-alive interval; default 10s
+	// KeepAlive is the WebSocket keep-alive interval; default 10s.
+	KeepAlive time.Duration
 	// AllowedOrigins are the host patterns whose pages may open a
 	// WebSocket (coder/websocket's OriginPatterns); default same origin
 	// only. Browsers cannot forge Origin, so this is the WebSocket's CSRF
