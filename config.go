@@ -14,6 +14,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"kami/domain"
+	"kami/graph"
 	"kami/queue"
 )
 
@@ -45,16 +46,40 @@ type Config struct {
 	MaxQuantity   int // KAMI_MAX_QUANTITY, default 100
 	MaxPendingPerContact,
 	MaxPendingPerAddress int
-	SandboxSecret string // KAMI_SANDBOX_SECRET; see sandboxEnabled
-	LogFormat     string // KAMI_LOG_FORMAT: text (default) or json
-	LogLevel      slog.Level
-	AlertWebhook  string // KAMI_ALERT_WEBHOOK: WeCom, DingTalk or Slack incoming webhook; empty: log only
+	// MaxLockedPerContact and MaxLockedPerAddress cap the cards held by
+	// unpaid orders (KAMI_MAX_LOCKED_PER_CONTACT, default 100,
+	// KAMI_MAX_LOCKED_PER_ADDRESS, default 200; 0: no cap).
+	MaxLockedPerContact, MaxLockedPerAddress int
+	SandboxSecret                            string // KAMI_SANDBOX_SECRET; see sandboxEnabled
+	// SandboxGivesCodesAway (KAMI_SANDBOX_GIVES_CODES_AWAY=1) offers the
+	// sandbox to buyers beside real providers; see sandboxForBuyers.
+	SandboxGivesCodesAway bool
+	// TrustedProxies (KAMI_TRUSTED_PROXIES, KAMI_TRUSTED_PROXY_HEADER)
+	// finds the client address behind reverse proxies.
+	TrustedProxies graph.TrustedProxies
+	// Introspection (KAMI_GRAPHQL_INTROSPECTION): on by default, off by
+	// default when a real provider is configured.
+	Introspection bool
+	// MetricsToken (KAMI_METRICS_TOKEN), when set, is the bearer token
+	// /metrics asks for.
+	MetricsToken string
+	// MaxSubscriptionsPerConnection (KAMI_MAX_SUBSCRIPTIONS_PER_CONNECTION,
+	// default 20) and MaxWebSocketsPerAddress
+	// (KAMI_MAX_WEBSOCKETS_PER_ADDRESS, default 50); 0: no cap.
+	MaxSubscriptionsPerConnection, MaxWebSocketsPerAddress int
+	LogFormat                                              string // KAMI_LOG_FORMAT: text (default) or json
+	LogLevel                                               slog.Level
+	AlertWebhook                                           string // KAMI_ALERT_WEBHOOK: WeCom, DingTalk or Slack incoming webhook; empty: log only
 	// ProviderTimeout bounds each call to a payment gateway
 	// (KAMI_PROVIDER_TIMEOUT, default 10s).
 	ProviderTimeout time.Duration
 
 	// Workers tunes the queue workers; tests shorten its intervals.
 	Workers queue.Config
+	// BodyReadTimeout bounds how long a request body may take to arrive
+	// (10s); SubscriptionPoll is how often subscriptions read their orders
+	// again while Redis is away (5s). Tests shorten them.
+	BodyReadTimeout, SubscriptionPoll time.Duration
 
 	Alipay AlipaySettings
 	Wechat WechatSettings
@@ -67,7 +92,7 @@ type Config struct {
 }
 
 // AlipaySettings are the KAMI_ALIPAY_* settings.
-type AlipaySettings struct{ AppID, PrivateKey, PublicKey, Gateway string }
+type AlipaySettings struct{ AppID, PrivateKey, PublicKey, Gateway, SellerID string }
 
 // WechatSettings are the KAMI_WECHAT_* settings.
 type WechatSettings struct {
@@ -82,12 +107,23 @@ func (w WechatSettings) enabled() bool {
 	return w.AppID != "" || w.MchID != "" || w.PrivateKey != "" || w.APIv3Key != ""
 }
 
-// sandboxEnabled: the sandbox runs when its secret is set, or when no real
-// provider is configured (a fresh machine), so a newcomer can click through
-// a purchase. A shop with merchant settings and no sandbox secret has no
-// sandbox.
+// realProvider: Alipay or WeChat Pay is configured.
+func (c *Config) realProvider() bool { return c.Alipay.enabled() || c.Wechat.enabled() }
+
+// sandboxEnabled: the sandbox provider runs (its webhook verifies
+// notifications signed with KAMI_SANDBOX_SECRET) when its secret is set,
+// when no real provider is configured (a fresh machine, so a newcomer can
+// click through a purchase), or when it is offered to buyers. A shop with
+// merchant settings and none of these has no sandbox.
 func (c *Config) sandboxEnabled() bool {
-	return c.SandboxSecret != "" || (!c.Alipay.enabled() && !c.Wechat.enabled())
+	return c.SandboxSecret != "" || !c.realProvider() || c.SandboxGivesCodesAway
+}
+
+// sandboxForBuyers: buyers may pick the sandbox for new orders, and its pay
+// page is served. Anyone can then take codes without paying, so beside a
+// real provider only KAMI_SANDBOX_GIVES_CODES_AWAY=1 allows it.
+func (c *Config) sandboxForBuyers() bool {
+	return c.sandboxEnabled() && (!c.realProvider() || c.SandboxGivesCodesAway)
 }
 
 // loadConfig reads the environment through getenv.
@@ -102,8 +138,9 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		LogFormat:     or(getenv("KAMI_LOG_FORMAT"), "text"),
 		SandboxSecret: getenv("KAMI_SANDBOX_SECRET"),
 		AlertWebhook:  getenv("KAMI_ALERT_WEBHOOK"),
+		MetricsToken:  strings.TrimSpace(getenv("KAMI_METRICS_TOKEN")),
 		Alipay: AlipaySettings{AppID: getenv("KAMI_ALIPAY_APP_ID"), PrivateKey: getenv("KAMI_ALIPAY_PRIVATE_KEY"),
-			PublicKey: getenv("KAMI_ALIPAY_PUBLIC_KEY"), Gateway: getenv("KAMI_ALIPAY_GATEWAY")},
+			PublicKey: getenv("KAMI_ALIPAY_PUBLIC_KEY"), Gateway: getenv("KAMI_ALIPAY_GATEWAY"), SellerID: getenv("KAMI_ALIPAY_SELLER_ID")},
 		Wechat: WechatSettings{AppID: getenv("KAMI_WECHAT_APP_ID"), MchID: getenv("KAMI_WECHAT_MCH_ID"),
 			SerialNo: getenv("KAMI_WECHAT_SERIAL_NO"), PrivateKey: getenv("KAMI_WECHAT_PRIVATE_KEY"),
 			APIv3Key: getenv("KAMI_WECHAT_API_V3_KEY"), PlatformPublicKey: getenv("KAMI_WECHAT_PLATFORM_PUBLIC_KEY"),
@@ -158,12 +195,34 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		{"KAMI_MAX_QUANTITY", &c.MaxQuantity, 100},
 		{"KAMI_MAX_PENDING_PER_CONTACT", &c.MaxPendingPerContact, 5},
 		{"KAMI_MAX_PENDING_PER_ADDRESS", &c.MaxPendingPerAddress, 20},
+		{"KAMI_MAX_LOCKED_PER_CONTACT", &c.MaxLockedPerContact, 100},
+		{"KAMI_MAX_LOCKED_PER_ADDRESS", &c.MaxLockedPerAddress, 200},
+		{"KAMI_MAX_SUBSCRIPTIONS_PER_CONNECTION", &c.MaxSubscriptionsPerConnection, 20},
+		{"KAMI_MAX_WEBSOCKETS_PER_ADDRESS", &c.MaxWebSocketsPerAddress, 50},
 		{"KAMI_DB_MAX_CONNS", &c.DBMaxConns, 20},
 	} {
 		if *s.dst, err = integer(getenv(s.name), s.def); err != nil || *s.dst < 0 {
 			bad(s.name, "want a whole number, 0 or more")
 		}
 	}
+	if c.AdminToken != "" && len(c.AdminToken) < minAdminToken {
+		bad("KAMI_ADMIN_TOKEN", fmt.Sprintf("at least %d characters (it is %d); make one with `openssl rand -hex 32`, or unset it to have one generated", minAdminToken, len(c.AdminToken)))
+	}
+	if c.MetricsToken != "" && len(c.MetricsToken) < minAdminToken {
+		bad("KAMI_METRICS_TOKEN", fmt.Sprintf("at least %d characters; make one with `openssl rand -hex 32`", minAdminToken))
+	}
+	if c.SandboxGivesCodesAway, err = flag(getenv("KAMI_SANDBOX_GIVES_CODES_AWAY"), false); err != nil {
+		bad("KAMI_SANDBOX_GIVES_CODES_AWAY", "want 1 (on) or 0 (off)")
+	}
+	if c.Introspection, err = flag(getenv("KAMI_GRAPHQL_INTROSPECTION"), !c.realProvider()); err != nil {
+		bad("KAMI_GRAPHQL_INTROSPECTION", "want on or off")
+	}
+	if c.TrustedProxies, err = graph.ParseTrustedProxies(getenv("KAMI_TRUSTED_PROXIES")); err != nil {
+		bad("KAMI_TRUSTED_PROXIES", err.Error())
+	} else if c.TrustedProxies, err = c.TrustedProxies.ReadingHeader(getenv("KAMI_TRUSTED_PROXY_HEADER")); err != nil {
+		bad("KAMI_TRUSTED_PROXY_HEADER", err.Error())
+	}
+	c.BodyReadTimeout, c.SubscriptionPoll = 10*time.Second, 5*time.Second
 	if c.AlertWebhook != "" && !strings.HasPrefix(c.AlertWebhook, "https://") && !strings.HasPrefix(c.AlertWebhook, "http://") {
 		bad("KAMI_ALERT_WEBHOOK", "want an http(s) URL")
 	}
@@ -276,6 +335,24 @@ func durations(v string, def []time.Duration) ([]time.Duration, error) {
 		return nil, errors.New("at most 20 steps")
 	}
 	return out, nil
+}
+
+// minAdminToken is the shortest admin (and metrics) token kami accepts: a
+// token guessed online at any rate must not be within reach. Generated
+// tokens are 64 characters.
+const minAdminToken = 32
+
+// flag reads an on/off setting: 1, on, true, yes or 0, off, false, no.
+func flag(v string, def bool) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "":
+		return def, nil
+	case "1", "on", "true", "yes":
+		return true, nil
+	case "0", "off", "false", "no":
+		return false, nil
+	}
+	return false, errors.New("not on or off")
 }
 
 func integer(v string, def int) (int, error) {

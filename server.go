@@ -9,6 +9,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -181,6 +183,7 @@ func newLedger(cfg *Config, db *bun.DB, alerts domain.Alerter) (*domain.Ledger, 
 		OrderTTL: cfg.OrderTTL, MaxQuantity: cfg.MaxQuantity, LatePayment: cfg.LatePayment,
 		RefundBackoff:        cfg.RefundBackoff,
 		MaxPendingPerContact: cfg.MaxPendingPerContact, MaxPendingPerAddress: cfg.MaxPendingPerAddress,
+		MaxLockedPerContact: cfg.MaxLockedPerContact, MaxLockedPerAddress: cfg.MaxLockedPerAddress,
 	}, alerts), nil
 }
 
@@ -199,7 +202,7 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 	}
 	if cfg.Alipay.enabled() {
 		c, err := alipay.New(alipay.Config{AppID: cfg.Alipay.AppID, PrivateKey: cfg.Alipay.PrivateKey,
-			AlipayPublicKey: cfg.Alipay.PublicKey, Gateway: cfg.Alipay.Gateway,
+			AlipayPublicKey: cfg.Alipay.PublicKey, Gateway: cfg.Alipay.Gateway, SellerID: cfg.Alipay.SellerID,
 			NotifyURL: cfg.PublicURL + "/webhooks/alipay", ReturnURL: cfg.ReturnURL, Timeout: cfg.ProviderTimeout})
 		if err != nil {
 			return nil, nil, err
@@ -216,7 +219,27 @@ func newProviders(cfg *Config) (*providers.Registry, *sandbox.Provider, error) {
 		}
 		ps = append(ps, c)
 	}
-	return providers.NewRegistry(ps...), sb, nil
+	reg := providers.NewRegistry(ps...)
+	if sb != nil && !cfg.sandboxForBuyers() {
+		reg.NotForBuyers(sandbox.Name)
+	}
+	return reg, sb, nil
+}
+
+// warnSandbox says loudly at start when buyers can pay with the sandbox,
+// that is take codes without paying.
+func warnSandbox(cfg *Config, logger *slog.Logger) {
+	switch {
+	case cfg.sandboxForBuyers() && cfg.realProvider():
+		logger.Error("THE SANDBOX GIVES CODES AWAY: buyers can pick the sandbox provider and take card codes without paying, "+
+			"because KAMI_SANDBOX_GIVES_CODES_AWAY=1; never set it in a shop that sells", "setting", "KAMI_SANDBOX_GIVES_CODES_AWAY")
+	case cfg.sandboxForBuyers():
+		logger.Warn("no payment provider is configured, so the built-in sandbox takes the payments: anyone can take card codes " +
+			"without paying; right for trying kami out, never for a shop that sells (set KAMI_ALIPAY_* or KAMI_WECHAT_*)")
+	case cfg.sandboxEnabled():
+		logger.Info("KAMI_SANDBOX_SECRET is set beside real providers: signed sandbox notifications are accepted, " +
+			"but buyers cannot pick the sandbox")
+	}
 }
 
 // app is one kami server process, built from a Config.
@@ -229,6 +252,7 @@ type app struct {
 	ledger     *domain.Ledger
 	shop       *domain.Shop
 	sandbox    *sandbox.Provider
+	events     *queue.Events
 	metrics    *metrics
 	alerts     *alerter
 	workers    *queue.Workers
@@ -274,7 +298,10 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 		return nil, err
 	}
 	a.sandbox = sb
+	warnSandbox(cfg, logger)
 	events := queue.NewEvents(rdb, a.keys, logger)
+	events.Statuses, events.PollInterval = a.ledger.OrderStatuses, cfg.SubscriptionPoll
+	a.events = events
 	a.closers = append(a.closers, func(context.Context) error { events.Close(); return nil })
 	gate := queue.NewStockGate(rdb, a.keys, a.ledger)
 	a.shop = &domain.Shop{Ledger: a.ledger, Gate: gate, Scheduler: queue.NewScheduler(rdb, a.keys), Events: events,
@@ -402,25 +429,75 @@ func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/graphql", graph.NewHandler(graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
 		Reconciler: a.reconciler, Statements: a.statements,
-		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL}))
+		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL,
+		ClientAddr: a.cfg.TrustedProxies.ClientAddr, DisableIntrospection: !a.cfg.Introspection,
+		MaxSubscriptionsPerConnection: a.cfg.MaxSubscriptionsPerConnection, MaxConnectionsPerAddress: a.cfg.MaxWebSocketsPerAddress}))
 	pg := playground.Handler("/graphql")
 	mux.Handle("GET /{$}", pg)
 	mux.Handle("GET "+playground.Prefix, pg)
 	mux.Handle("GET /favicon.ico", pg)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", bearerOnly(a.cfg.MetricsToken, promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", a.ready)
 	mux.HandleFunc("POST /webhooks/{provider}", a.webhook)
-	if a.sandbox != nil {
+	if a.sandbox != nil && a.cfg.sandboxForBuyers() {
 		mux.Handle("/sandbox/pay/", a.sandbox.PayPage(a.payPageOrder, func(ctx context.Context, h http.Header, body []byte) error {
 			_, err := a.shop.HandleNotification(ctx, sandbox.Name, h, body)
 			return err
 		}))
 	}
-	return mux
+	return bodyDeadline(a.cfg.BodyReadTimeout, mux)
+}
+
+// bodyDeadline gives every request but a WebSocket upgrade d to send its
+// body: a client announcing 100 KB and sending 10 bytes is cut off then
+// (the handler reads a timeout) instead of holding its connection open.
+// The deadline is lifted once the body has been read, so the handler's own
+// work is not cut short.
+func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" && r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody lifts the connection's read deadline at the end of the body.
+type deadlineBody struct {
+	io.ReadCloser
+	rc *http.ResponseController
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) {
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// bearerOnly asks for "Authorization: Bearer token" when token is set.
+func bearerOnly(token string, next http.Handler) http.Handler {
+	if token == "" {
+		return next
+	}
+	want := sha256.Sum256([]byte("Bearer " + token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="metrics"`)
+			http.Error(w, "this needs the metrics token (Authorization: Bearer …)", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // webhook receives a provider's notification: verify, apply once, answer
@@ -434,8 +511,14 @@ func (a *app) webhook(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBody))
 	if err != nil {
-		a.log.Warn("webhook refused", "provider", name, "reason", "body too large or unreadable")
-		http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			a.log.Warn("webhook refused", "provider", name, "reason", "body too large")
+			http.Error(w, "body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		a.log.Warn("webhook refused", "provider", name, "reason", "body not read in time or unreadable")
+		http.Error(w, "body not read", http.StatusRequestTimeout)
 		return
 	}
 	p, err := a.shop.HandleNotification(r.Context(), name, r.Header, body)
@@ -450,6 +533,12 @@ func (a *app) webhook(w http.ResponseWriter, r *http.Request) {
 		a.log.Warn("webhook refused", "provider", name, "reason", err.Error(), "remote", r.RemoteAddr)
 	}
 	a.metrics.Webhook(name, result)
+	if domain.ErrorCode(err) == domain.EBADINPUT {
+		// Verified, but it does not match its order (amount, provider):
+		// refused as a bad request, not a fault of ours. It is recorded, so
+		// the gateway's redelivery is acknowledged without another alert.
+		err = &providers.Error{Kind: providers.Invalid, Provider: name, Op: "notification", Err: err}
+	}
 	p.Acknowledge(w, err)
 }
 

@@ -72,6 +72,9 @@ func TestRunCommands(t *testing.T) {
 	}
 }
 
+// testAdminToken is the test server's KAMI_ADMIN_TOKEN.
+const testAdminToken = "admin-token-for-tests-0123456789abcdef"
+
 // testApp is a whole server on a fresh database of kind k.
 type testApp struct {
 	*app
@@ -80,14 +83,23 @@ type testApp struct {
 
 func newTestApp(t *testing.T, k dbtest.Kind, extra env) *testApp {
 	t.Helper()
+	return newTestAppWith(t, k, extra, nil)
+}
+
+// newTestAppWith is newTestApp with the loaded Config changed by mod.
+func newTestAppWith(t *testing.T, k dbtest.Kind, extra env, mod func(*Config)) *testApp {
+	t.Helper()
 	e := env{"KAMI_DATA_DIR": t.TempDir(), "KAMI_DATABASE_URL": dbtest.URL(t, k), "KAMI_SANDBOX_SECRET": "test-secret",
-		"KAMI_PUBLIC_URL": "http://kami.test", "KAMI_ADMIN_TOKEN": "admin-token"}
+		"KAMI_PUBLIC_URL": "http://kami.test", "KAMI_ADMIN_TOKEN": testAdminToken}
 	for k, v := range extra {
 		e[k] = v
 	}
 	cfg, err := loadConfig(e.get)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if mod != nil {
+		mod(cfg)
 	}
 	a, err := newApp(t.Context(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -179,7 +191,8 @@ func TestWebhookSandbox(t *testing.T) {
 			refused("tampered body", header, bytes.Replace(body, []byte("12.50"), []byte("0.01"), 1), 400)
 			wrongAmount := sandbox.PaymentNotification(o.OrderNo, "SBX-2", 1, time.Now())
 			h, b := sandbox.Signed("test-secret", wrongAmount)
-			refused("wrong amount", h, b, 500)
+			refused("wrong amount", h, b, 400)
+			refused("wrong amount, delivered again", h, b, 200) // recorded as refused: acknowledged, nothing changes
 			unknown := sandbox.PaymentNotification("26112900000000000000", "SBX-3", 1250, time.Now())
 			h, b = sandbox.Signed("test-secret", unknown)
 			refused("unknown order", h, b, 500)

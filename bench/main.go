@@ -251,6 +251,8 @@ func run(ctx context.Context, o *options) (code int) {
 			"KAMI_SANDBOX_SECRET=" + secret,
 			"KAMI_MAX_PENDING_PER_CONTACT=0",
 			"KAMI_MAX_PENDING_PER_ADDRESS=0",
+			"KAMI_MAX_LOCKED_PER_CONTACT=0", // one address places every order
+			"KAMI_MAX_LOCKED_PER_ADDRESS=0",
 			"KAMI_LOG_LEVEL=warn",
 		}
 		progress("starting kami on %s", addr)

@@ -56,6 +56,9 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: cannot create the folder of %s: %w", path, err)
 		}
+		if err := ownerOnly(path); err != nil {
+			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
+		}
 		// WAL lets readers run beside the writer; busy_timeout waits for
 		// the lock instead of failing; _txlock=immediate takes the write lock
 		// at BEGIN so two transactions never deadlock upgrading a read lock.
@@ -113,6 +116,34 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		return nil, fmt.Errorf("KAMI_DATABASE_URL: cannot reach the %s database: %w", db.Dialect().Name(), err)
 	}
 	return db, nil
+}
+
+// ownerOnly creates the SQLite file readable and writable by its owner
+// only (0600), and takes the others' rights away from the file and its
+// -wal and -shm files where an older start left them: they hold the
+// buyers' contacts. SQLite gives the -wal and -shm files it creates the
+// rights of the database file.
+func ownerOnly(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("cannot open %s: %w", path, err)
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		info, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if perm := info.Mode().Perm(); perm&0o077 != 0 {
+			if err := os.Chmod(p, perm&^0o077); err != nil {
+				return fmt.Errorf("cannot make %s private to its owner: %w", p, err)
+			}
+		}
+	}
+	return nil
 }
 
 // mysqlDSN turns mysql://user:pass@host:port/db?x=y into go-sql-driver's

@@ -36,7 +36,13 @@ type Config struct {
 	RefundBackoff        []time.Duration   // waits between refund attempts; default 1m,5m,30m,30m,30m
 	MaxPendingPerContact int               // PENDING orders one contact may hold; 0: no cap
 	MaxPendingPerAddress int               // PENDING orders one client address may hold; 0: no cap
+	MaxLockedPerContact  int               // cards one contact may hold locked in PENDING orders; 0: no cap
+	MaxLockedPerAddress  int               // cards one client address may hold locked in PENDING orders; 0: no cap
 }
+
+// maxProductMaxPerOrder is the largest quantity a product may allow in
+// one order.
+const maxProductMaxPerOrder = 10_000
 
 // DefaultRefundBackoff is KAMI_REFUND_BACKOFF's default.
 var DefaultRefundBackoff = []time.Duration{time.Minute, 5 * time.Minute, 30 * time.Minute, 30 * time.Minute, 30 * time.Minute}
@@ -190,8 +196,8 @@ func (in ProductInput) validate(create bool) error {
 	if in.PriceFen != nil && (*in.PriceFen <= 0 || *in.PriceFen > 100_000_000_00) {
 		return Errorf(EBADINPUT, "price must be above 0.00 and at most 100000000.00")
 	}
-	if in.MaxPerOrder != nil && (*in.MaxPerOrder < 0 || *in.MaxPerOrder > 10_000) {
-		return Errorf(EBADINPUT, "maxPerOrder must be 0 (the shop default) to 10000")
+	if in.MaxPerOrder != nil && (*in.MaxPerOrder < 0 || *in.MaxPerOrder > maxProductMaxPerOrder) {
+		return Errorf(EBADINPUT, "maxPerOrder must be 0 (the shop default) to %d", maxProductMaxPerOrder)
 	}
 	return nil
 }

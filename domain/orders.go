@@ -25,10 +25,14 @@ func notFound(err error, format string, args ...any) error {
 type PlaceOrderInput struct {
 	ProductID      int64
 	Quantity       int
-	Contact        string // how the buyer is reached (email, phone, QQ); also the anti-hoarding key
+	Contact        string // how the buyer is reached (email, phone, QQ); also the anti-hoarding key (see NormalizeContact)
 	Provider       string // payment provider name, checked by the caller against the registry
-	IdempotencyKey string // optional; the same key returns the same order
-	ClientAddr     string // the buyer's address, for the per-address cap
+	IdempotencyKey string // optional; the same key from the same client address returns the same order
+	ClientAddr     string // the buyer's address, for the per-address caps (see AddressKey)
+
+	// keyScoped is set once normalize has bound IdempotencyKey to
+	// ClientAddr, so that normalizing again leaves it as it is.
+	keyScoped bool
 }
 
 // Limits on order input.
@@ -37,23 +41,31 @@ const (
 	MaxIdempotencyKeyLen = 64
 )
 
+// normalize checks the input and puts it in the form the ledger stores and
+// counts: the contact normalized, the client address as the caps count it,
+// the idempotency key bound to that address. Normalizing twice is the same
+// as once.
 func (in *PlaceOrderInput) normalize() error {
-	in.Contact = strings.TrimSpace(in.Contact)
 	in.IdempotencyKey = strings.TrimSpace(in.IdempotencyKey)
 	switch {
 	case in.ProductID <= 0:
 		return Errorf(EBADINPUT, "productId must be a product's id")
 	case in.Quantity <= 0:
 		return Errorf(EBADINPUT, "quantity must be at least 1")
-	case in.Contact == "" || utf8.RuneCountInString(in.Contact) > MaxContactLen || !utf8.ValidString(in.Contact):
+	case len(in.Contact) > 4*MaxContactLen || !utf8.ValidString(in.Contact):
 		return Errorf(EBADINPUT, "contact must be 1 to %d characters", MaxContactLen)
 	case in.Provider == "" || len(in.Provider) > 16:
 		return Errorf(EBADINPUT, "provider is required")
 	case len(in.IdempotencyKey) > MaxIdempotencyKeyLen:
 		return Errorf(EBADINPUT, "idempotencyKey is longer than %d characters", MaxIdempotencyKeyLen)
 	}
-	if len(in.ClientAddr) > 64 {
-		in.ClientAddr = in.ClientAddr[:64]
+	in.Contact = NormalizeContact(in.Contact)
+	if in.Contact == "" || utf8.RuneCountInString(in.Contact) > MaxContactLen || len(in.Contact) > 4*MaxContactLen {
+		return Errorf(EBADINPUT, "contact must be 1 to %d characters", MaxContactLen)
+	}
+	in.ClientAddr = AddressKey(in.ClientAddr)
+	if in.IdempotencyKey != "" && !in.keyScoped {
+		in.IdempotencyKey, in.keyScoped = scopedIdempotencyKey(in.ClientAddr, in.IdempotencyKey), true
 	}
 	return nil
 }
@@ -264,6 +276,23 @@ func (l *Ledger) maxQuantity(p *Product) int {
 	return l.cfg.MaxQuantity
 }
 
+// quantityCeiling is the largest quantity any product can allow.
+func (l *Ledger) quantityCeiling() int { return max(maxProductMaxPerOrder, l.cfg.MaxQuantity) }
+
+// whyNotAdmitted answers an order the stock gate refused: the gate knows
+// only how many cards are left, so an order that names no product on sale,
+// or more than its product allows, is told that instead of SOLD_OUT.
+func (l *Ledger) whyNotAdmitted(ctx context.Context, in PlaceOrderInput) error {
+	p, err := l.Product(ctx, in.ProductID)
+	switch {
+	case ErrorCode(err) == ENOTFOUND || (err == nil && !p.Active):
+		return Errorf(ENOTFOUND, "product %d is not on sale", in.ProductID)
+	case err == nil && in.Quantity > l.maxQuantity(p):
+		return Errorf(EBADINPUT, "quantity must be at most %d", l.maxQuantity(p))
+	}
+	return Errorf(ESOLDOUT, "product %d has fewer than %d cards left", in.ProductID, in.Quantity)
+}
+
 // replayBatch answers the orders whose idempotency key was already used:
 // with that order, or CONFLICT when it was used for a different one. One
 // new key twice in a batch fails the insert; placeBatch then places the two
@@ -316,29 +345,36 @@ func (l *Ledger) replay(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, 
 
 // replayed answers in with o, the order placed earlier with its key.
 func (l *Ledger) replayed(in PlaceOrderInput, o Order) (*PlacedOrder, error) {
-	if o.ProductID != in.ProductID || o.Quantity != in.Quantity || o.Contact != in.Contact || o.Provider != in.Provider {
+	// An order stored before contacts were normalized compares by its
+	// normalized contact.
+	if o.ProductID != in.ProductID || o.Quantity != in.Quantity || NormalizeContact(o.Contact) != in.Contact || o.Provider != in.Provider {
 		return nil, Errorf(ECONFLICT, "idempotencyKey was already used for a different order")
 	}
 	return &PlacedOrder{Order: &o, AccessToken: l.sealer.AccessToken(o.OrderNo), Replayed: true}, nil
 }
 
-// checkPendingCaps refuses a buyer who already holds too many unpaid
-// orders, counting the orders placed before the batch and those ahead in
-// it. The caps are a brake on hoarding, not a ledger rule: two orders
-// racing past the last free slot in two transactions may both pass.
+// checkPendingCaps refuses a buyer who already holds too much in unpaid
+// orders: too many orders, or too many cards locked by them, per contact
+// and per client address. It counts the orders placed before the batch and
+// those ahead in it. The caps are a brake on hoarding, not a ledger rule:
+// two orders racing past the last free slot in two transactions may both
+// pass.
 func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput, open func(func(int, PlaceOrderInput) bool), errs []error) error {
 	type capRule struct {
 		column, what string
-		max          int
+		maxOrders    int // PENDING orders; 0: no cap
+		maxLocked    int // cards locked by PENDING orders; 0: no cap
 		of           func(PlaceOrderInput) string
-		held         map[string]int
+		held, locked map[string]int
 	}
 	rules := []*capRule{
-		{column: "contact", what: "contact", max: l.cfg.MaxPendingPerContact, of: func(in PlaceOrderInput) string { return in.Contact }},
-		{column: "client_addr", what: "address", max: l.cfg.MaxPendingPerAddress, of: func(in PlaceOrderInput) string { return in.ClientAddr }},
+		{column: "contact", what: "contact", maxOrders: l.cfg.MaxPendingPerContact, maxLocked: l.cfg.MaxLockedPerContact,
+			of: func(in PlaceOrderInput) string { return in.Contact }},
+		{column: "client_addr", what: "address", maxOrders: l.cfg.MaxPendingPerAddress, maxLocked: l.cfg.MaxLockedPerAddress,
+			of: func(in PlaceOrderInput) string { return in.ClientAddr }},
 	}
 	for _, r := range rules {
-		if r.max <= 0 {
+		if r.maxOrders <= 0 && r.maxLocked <= 0 {
 			continue
 		}
 		var values []string
@@ -351,23 +387,33 @@ func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrd
 			continue
 		}
 		var rows []struct {
-			Value string `bun:"value"`
-			Held  int    `bun:"held"`
+			Value  string `bun:"value"`
+			Held   int    `bun:"held"`
+			Locked int    `bun:"locked"`
 		}
-		if err := tx.NewSelect().Table("orders").ColumnExpr("? AS value, COUNT(*) AS held", bun.Ident(r.column)).
+		if err := tx.NewSelect().Table("orders").ColumnExpr("? AS value, COUNT(*) AS held, SUM(quantity) AS locked", bun.Ident(r.column)).
 			Where("? IN (?)", bun.Ident(r.column), bun.List(values)).Where("status = ?", OrderPending).
 			GroupExpr("?", bun.Ident(r.column)).Scan(ctx, &rows); err != nil {
 			return err
 		}
-		r.held = make(map[string]int, len(rows))
+		r.held, r.locked = make(map[string]int, len(rows)), make(map[string]int, len(rows))
 		for _, row := range rows {
-			r.held[row.Value] = row.Held
+			r.held[row.Value], r.locked[row.Value] = row.Held, row.Locked
 		}
 	}
 	for i, in := range open {
 		for _, r := range rules {
-			if v := r.of(in); r.held != nil && v != "" && r.held[v] >= r.max {
+			v := r.of(in)
+			if r.held == nil || v == "" {
+				continue
+			}
+			if r.maxOrders > 0 && r.held[v] >= r.maxOrders {
 				errs[i] = Errorf(ELIMIT, "this %s already has %d unpaid orders; pay or cancel one first", r.what, r.held[v])
+				break
+			}
+			if r.maxLocked > 0 && r.locked[v]+in.Quantity > r.maxLocked {
+				errs[i] = Errorf(ELIMIT, "one %s may hold at most %d cards in unpaid orders and this one holds %d; pay or cancel an order first, or order fewer",
+					r.what, r.maxLocked, r.locked[v])
 				break
 			}
 		}
@@ -377,6 +423,7 @@ func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrd
 		for _, r := range rules {
 			if v := r.of(in); r.held != nil && v != "" {
 				r.held[v]++
+				r.locked[v] += in.Quantity
 			}
 		}
 	}

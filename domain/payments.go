@@ -103,7 +103,8 @@ func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentRe
 			errs[i] = Errorf(ENOTFOUND, "order %s not found", p.OrderNo)
 			continue
 		}
-		if errs[i] = l.checkPayment(ctx, p, *o); errs[i] != nil {
+		if alert, refusal := checkPayment(p, *o); refusal != nil {
+			results[i], errs[i] = l.refusePayment(ctx, p, o, alert, refusal)
 			continue
 		}
 		if o.Status == OrderPending && !inBatch[p.OrderNo] {
@@ -131,20 +132,42 @@ func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentRe
 	return results, errs
 }
 
-// checkPayment refuses, with an alert, a payment that does not match its
-// order: the money or the provider is not what the order asked for.
-func (l *Ledger) checkPayment(ctx context.Context, p Payment, o Order) error {
+// checkPayment finds a payment that does not match its order: the money
+// or the provider is not what the order asked for. It returns the alert to
+// raise and the refusal, or nils.
+func checkPayment(p Payment, o Order) (*Alert, error) {
 	if o.Provider != p.Provider {
-		l.alerts.Alert(ctx, Alert{Kind: "provider_mismatch", Subject: p.OrderNo,
-			Message: fmt.Sprintf("payment through %s for an order placed with %s", p.Provider, o.Provider)})
-		return Errorf(EBADINPUT, "order %s is not paid through %s", p.OrderNo, p.Provider)
+		return &Alert{Kind: "provider_mismatch", Subject: p.OrderNo,
+				Message: fmt.Sprintf("payment through %s for an order placed with %s", p.Provider, o.Provider)},
+			Errorf(EBADINPUT, "order %s is not paid through %s", p.OrderNo, p.Provider)
 	}
 	if p.AmountFen != o.AmountFen {
-		l.alerts.Alert(ctx, Alert{Kind: "amount_mismatch", Subject: p.OrderNo,
-			Message: fmt.Sprintf("%s reported %s paid for an order of %s (trade %s)", p.Provider, money.Format(p.AmountFen), money.Format(o.AmountFen), p.TradeNo)})
-		return Errorf(EBADINPUT, "amount %s does not match order %s", money.Format(p.AmountFen), p.OrderNo)
+		return &Alert{Kind: "amount_mismatch", Subject: p.OrderNo,
+				Message: fmt.Sprintf("%s reported %s paid for an order of %s (trade %s)", p.Provider, money.Format(p.AmountFen), money.Format(o.AmountFen), p.TradeNo)},
+			Errorf(EBADINPUT, "amount %s does not match order %s", money.Format(p.AmountFen), p.OrderNo)
 	}
-	return nil
+	return nil, nil
+}
+
+// refusePayment records a signed notification that does not match its
+// order as refused (result REFUSED), so that it is refused and alerted
+// once: the gateway is told no the first time, and its redeliveries of the
+// same notification are acknowledged as seen before, without another
+// alert. It is never delivered; the person the alert reaches decides.
+func (l *Ledger) refusePayment(ctx context.Context, p Payment, o *Order, alert *Alert, refusal error) (*PaymentResult, error) {
+	note := paymentNotification(p, l.now())
+	note.Result = "REFUSED"
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		return recordNotification(ctx, tx, note.ReceivedAt, note)
+	})
+	switch {
+	case errors.Is(err, errSeenBefore):
+		return &PaymentResult{Outcome: PaymentDuplicate, Order: o}, nil
+	case err != nil:
+		return nil, err // not recorded: the redelivery tries again
+	}
+	l.alerts.Alert(ctx, *alert)
+	return nil, refusal
 }
 
 // errNotUsual rolls back a shared delivery that met something unusual (an

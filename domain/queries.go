@@ -84,7 +84,7 @@ func (l *Ledger) ListOrders(ctx context.Context, f OrderFilter, after Keyset, li
 		q = q.Where("product_id = ?", f.ProductID)
 	}
 	if f.Contact != "" {
-		q = q.Where("contact = ?", f.Contact)
+		q = q.Where("contact = ?", NormalizeContact(f.Contact)) // as stored
 	}
 	if !f.CreatedFrom.IsZero() {
 		q = q.Where("created_at >= ?", f.CreatedFrom.UTC())
@@ -222,6 +222,28 @@ func (l *Ledger) OrdersByNo(ctx context.Context, orderNos []string) (map[string]
 	}
 	for i := range os {
 		out[os[i].OrderNo] = &os[i]
+	}
+	return out, nil
+}
+
+// OrderStatuses returns the status of each of the given orders in one
+// query (order subscriptions catching up after their event stream broke);
+// numbers with no order are missing from the map.
+func (l *Ledger) OrderStatuses(ctx context.Context, orderNos []string) (map[string]OrderStatus, error) {
+	out := make(map[string]OrderStatus, len(orderNos))
+	if len(orderNos) == 0 {
+		return out, nil
+	}
+	var rows []struct {
+		OrderNo string      `bun:"order_no"`
+		Status  OrderStatus `bun:"status"`
+	}
+	if err := l.db.NewSelect().Table("orders").Column("order_no", "status").
+		Where("order_no IN (?)", bun.In(orderNos)).Scan(ctx, &rows); err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		out[r.OrderNo] = r.Status
 	}
 	return out, nil
 }

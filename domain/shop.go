@@ -63,6 +63,8 @@ type Shop struct {
 	// Observer hears every placement, close, payment and refund attempt
 	// (metrics); nil for none.
 	Observer Observer
+
+	products sync.Map // product ids known to exist (see productExists)
 }
 
 func (s *Shop) log() *slog.Logger {
@@ -110,9 +112,14 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 	if len(method) > maxMethodLen {
 		return nil, Errorf(EBADINPUT, "method is longer than %d characters", maxMethodLen)
 	}
-	p, ok := s.Providers.Get(in.Provider)
+	p, ok := s.Providers.Offered(in.Provider)
 	if !ok {
-		return nil, Errorf(EBADINPUT, "provider %q is not enabled; use one of %v", in.Provider, s.Providers.Names())
+		return nil, Errorf(EBADINPUT, "provider %q is not enabled; use one of %v", in.Provider, s.Providers.OfferedNames())
+	}
+	if in.Quantity > s.Ledger.quantityCeiling() {
+		// No product allows this many: refused before the stock gate, which
+		// would only say how few cards are left.
+		return nil, Errorf(EBADINPUT, "quantity must be at most %d", s.Ledger.quantityCeiling())
 	}
 	if in.IdempotencyKey != "" {
 		placed, err := s.Ledger.replay(ctx, in)
@@ -123,6 +130,9 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 			return s.checkout(ctx, p, placed, method, clientIP)
 		}
 	}
+	if err := s.productExists(ctx, in.ProductID); err != nil {
+		return nil, err
+	}
 	if s.Gate != nil {
 		ok, err := s.Gate.Take(ctx, in.ProductID, in.Quantity)
 		if err != nil {
@@ -130,7 +140,7 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 			return nil, Errorf(EUNAVAILABLE, "ordering is paused for a moment; try again")
 		}
 		if !ok {
-			return nil, Errorf(ESOLDOUT, "product %d has fewer than %d cards left", in.ProductID, in.Quantity)
+			return nil, s.Ledger.whyNotAdmitted(ctx, in)
 		}
 	}
 	placed, err := s.Ledger.PlaceOrder(ctx, in)
@@ -152,6 +162,21 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 	// No event for the new order: nobody can be subscribed to it yet, and
 	// a subscription starts with the order's current status.
 	return s.checkout(ctx, p, placed, method, clientIP)
+}
+
+// productExists refuses an order for a product that does not exist before
+// it reaches the stock gate, which would otherwise count and keep a counter
+// for any product id a client makes up. Products are never deleted, so one
+// found is remembered and costs nothing the next time.
+func (s *Shop) productExists(ctx context.Context, productID int64) error {
+	if _, ok := s.products.Load(productID); ok {
+		return nil
+	}
+	if _, err := s.Ledger.Product(ctx, productID); err != nil {
+		return err
+	}
+	s.products.Store(productID, true)
+	return nil
 }
 
 func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *PlacedOrder, method, clientIP string) (*Checkout, error) {

@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 
 	"github.com/99designs/gqlgen/graphql"
-	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"kami/domain"
@@ -18,7 +17,7 @@ import (
 const (
 	codeParseFailed      = "GRAPHQL_PARSE_FAILED"      // the query does not parse
 	codeValidationFailed = "GRAPHQL_VALIDATION_FAILED" // unknown field, wrong argument or variable type, ...
-	codeTooComplex       = "COMPLEXITY_LIMIT_EXCEEDED" // as gqlgen's FixedComplexityLimit (see complexityLimit)
+	codeTooComplex       = "COMPLEXITY_LIMIT_EXCEEDED" // as gqlgen's FixedComplexityLimit (see operationLimits)
 	codeTooDeep          = "DEPTH_LIMIT_EXCEEDED"
 	codeBadRequest       = "BAD_REQUEST"       // not a GraphQL request: bad JSON, bad method, subscription over HTTP
 	codeBodyTooLarge     = "PAYLOAD_TOO_LARGE" // the body is over Config.MaxBodyBytes
@@ -29,7 +28,7 @@ const (
 // application/graphql-response+json.
 var requestErrorCodes = map[string]bool{
 	codeParseFailed: true, codeValidationFailed: true, codeTooComplex: true,
-	codeTooDeep: true, codeBadRequest: true, codeBodyTooLarge: true,
+	codeTooDeep: true, codeBadRequest: true, codeBodyTooLarge: true, codeTooLarge: true,
 }
 
 func isRequestError(errs gqlerror.List) bool {
@@ -73,57 +72,4 @@ func recoverer(log *slog.Logger) graphql.RecoverFunc {
 		log.ErrorContext(ctx, "graphql resolver panic", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 		return errors.New("panic in a resolver")
 	}
-}
-
-// depthLimit refuses operations that nest fields deeper than max.
-// Introspection fields (__schema, __type) are not counted, so the
-// playground's introspection query works under a small limit; the
-// complexity limit still bounds it.
-type depthLimit struct{ max int }
-
-var (
-	_ graphql.HandlerExtension        = depthLimit{}
-	_ graphql.OperationContextMutator = depthLimit{}
-)
-
-func (depthLimit) ExtensionName() string                          { return "DepthLimit" }
-func (depthLimit) Validate(schema graphql.ExecutableSchema) error { return nil }
-
-func (d depthLimit) MutateOperationContext(ctx context.Context, opCtx *graphql.OperationContext) *gqlerror.Error {
-	memo := map[string]int{}
-	if depth := selectionDepth(opCtx.Operation.SelectionSet, memo); depth > d.max {
-		err := gqlerror.Errorf("the query is nested %d deep; at most %d is allowed", depth, d.max)
-		err.Extensions = map[string]any{"code": codeTooDeep}
-		return err
-	}
-	return nil
-}
-
-// selectionDepth is the depth of the deepest field under set. Fragments
-// are measured once each (memo), so a query that reuses fragments costs
-// linear time; validation has already refused fragment cycles.
-func selectionDepth(set ast.SelectionSet, memo map[string]int) int {
-	deepest := 0
-	for _, sel := range set {
-		var d int
-		switch s := sel.(type) {
-		case *ast.Field:
-			if len(s.Name) >= 2 && s.Name[:2] == "__" {
-				continue
-			}
-			d = 1 + selectionDepth(s.SelectionSet, memo)
-		case *ast.InlineFragment:
-			d = selectionDepth(s.SelectionSet, memo)
-		case *ast.FragmentSpread:
-			cached, ok := memo[s.Name]
-			if !ok && s.Definition != nil {
-				memo[s.Name] = 0
-				cached = selectionDepth(s.Definition.SelectionSet, memo)
-				memo[s.Name] = cached
-			}
-			d = cached
-		}
-		deepest = max(deepest, d)
-	}
-	return deepest
 }

@@ -18,25 +18,41 @@ func subscriptionEnds(s domain.OrderStatus) bool {
 }
 
 // watchOrder streams the order as it is now and again after every status
-// change, until a status where subscriptionEnds, the client leaves (ctx
-// ends) or the event stream breaks. It subscribes before it reads the
-// order, so a change between the two is never missed; an event that does
-// not change the status (a duplicate, or one already seen in the read) is
-// not sent again.
+// change, until a status where subscriptionEnds or until the client leaves
+// (ctx ends). It never completes for any other reason: an interrupted event
+// stream is caught up (see OrderEvents), and an order that cannot be read
+// for a moment is read again at the next news of it.
+//
+// The order is read first, which checks the access token (or the admin
+// token) and the connection's subscription cap before anything is held;
+// then it subscribes and reads again, so that a change between the first
+// read and the subscription is not missed. An event that does not change
+// the status (a duplicate, a catch-up, one already seen in a read) is not
+// sent again.
 func watchOrder(ctx context.Context, cfg Config, read func(context.Context) (*model.Order, error), orderNo string) (<-chan *model.Order, error) {
-	var events <-chan domain.OrderStatus
-	stop := func() {}
-	if cfg.Events != nil {
-		events, stop = cfg.Events.Subscribe(ctx, orderNo)
+	release, err := takeSubscription(ctx)
+	if err != nil {
+		return nil, err
 	}
 	o, err := read(ctx)
 	if err != nil {
-		stop()
+		release()
 		return nil, err
+	}
+	var events <-chan domain.OrderStatus
+	stop := func() {}
+	if cfg.Events != nil && !subscriptionEnds(o.Status) {
+		events, stop = cfg.Events.Subscribe(ctx, orderNo)
+		if o, err = read(ctx); err != nil {
+			stop()
+			release()
+			return nil, err
+		}
 	}
 	out := make(chan *model.Order, 1)
 	go func() {
 		defer close(out)
+		defer release()
 		defer stop()
 		send := func(o *model.Order) bool {
 			select {
@@ -54,16 +70,19 @@ func watchOrder(ctx context.Context, cfg Config, read func(context.Context) (*mo
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-events:
+			case st, ok := <-events:
 				if !ok {
-					return
+					return // the subscription ended with ctx
+				}
+				if st == last {
+					continue
 				}
 				o, err := read(ctx)
 				if err != nil {
 					if ctx.Err() == nil {
-						cfg.Logger.WarnContext(ctx, "order subscription ended: cannot read the order", "order", orderNo, "err", err)
+						cfg.Logger.WarnContext(ctx, "order subscription cannot read the order; reading again at its next news", "order", orderNo, "err", err)
 					}
-					return
+					continue
 				}
 				if o.Status == last {
 					continue

@@ -11,18 +11,20 @@ package graph
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
-	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	coderws "github.com/coder/websocket"
 	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/validator/rules"
 
 	"kami/domain"
 	"kami/graph/generated"
@@ -32,9 +34,11 @@ import (
 // OrderEvents streams one order's status changes (queue.Events in the
 // server: Redis pub/sub, so a change made in any server process arrives).
 type OrderEvents interface {
-	// Subscribe streams orderNo's changes from the moment it returns until
-	// ctx ends or the returned func is called; the channel is closed then,
-	// or when the stream breaks.
+	// Subscribe streams news of orderNo's status until ctx ends or the
+	// returned func is called; the channel is closed then, and only then.
+	// News is the new status, or the status the order has after the stream
+	// was interrupted (caught up from the database), or "" for "read it
+	// again".
 	Subscribe(ctx context.Context, orderNo string) (<-chan domain.OrderStatus, func())
 }
 
@@ -79,24 +83,41 @@ type Config struct {
 	AdminToken string
 	Logger     *slog.Logger
 
-	MaxBodyBytes  int64         // request body limit; default 1 MiB (413 above it)
-	MaxDepth      int           // query depth limit; default 10
-	MaxComplexity int           // query complexity limit; default 1000
-	KeepAlive     time.Duration // WebSocket keep-alive interval; default 10s
+	MaxBodyBytes  int64 // request body limit, and WebSocket message limit; default 1 MiB (413 above it)
+	MaxDepth      int   // query depth limit; default 10 (15 under __schema and __type)
+	MaxComplexity int   // query complexity limit, introspection included; default 1000
+	// MaxTokens, MaxFields and MaxAliases bound a document before it is
+	// validated (see documentLimits); defaults 2000, 200 and 30.
+	MaxTokens, MaxFields, MaxAliases int
+	// MaxResponseBytes caps one response over HTTP; default 4 MiB.
+	MaxResponseBytes int
+	// DisableIntrospection refuses __schema and __type (the playground
+	// then has no schema to show); __typename always works.
+	DisableIntrospection bool
+	// MaxSubscriptionsPerConnection caps the subscriptions one WebSocket
+	// holds at once, MaxConnectionsPerAddress the WebSockets one client
+	// address (domain.AddressKey) holds open; 0: no cap.
+	MaxSubscriptionsPerConnection, MaxConnectionsPerAddress int
+	// KeepAlive is the WebSocket keep-alive interval; default 10s.
+	KeepAlive time.Duration
 	// AllowedOrigins are the host patterns whose pages may open a
 	// WebSocket (coder/websocket's OriginPatterns); default same origin
 	// only. Browsers cannot forge Origin, so this is the WebSocket's CSRF
 	// guard.
 	AllowedOrigins []string
-	// ClientAddr returns the buyer's address for the per-address cap on
-	// PENDING orders. Default: the host of the request's RemoteAddr. Behind
-	// a reverse proxy, set it to read the proxy's header; X-Forwarded-For
-	// is not trusted by default since any client can send it.
+	// ClientAddr returns the buyer's address: for the per-address caps and
+	// as the payer's IP sent to the gateways. Default: the host of the
+	// request's RemoteAddr. Behind a reverse proxy, use
+	// TrustedProxies.ClientAddr; X-Forwarded-For is not trusted by default
+	// since any client can send it.
 	ClientAddr func(r *http.Request) string
 	// OnOperation, if set, hears every executed query and mutation (and
-	// each subscription as it starts) with its operation name
-	// ("anonymous" when it has none) and the extensions.code of its first
-	// error ("" when none), for metrics.
+	// each subscription as it starts) with its operation name and the
+	// extensions.code of its first error ("" when none), for metrics. The
+	// name is one of the schema's root fields, as it is or capitalized
+	// ("order", "Order", "CreateOrder"), or IntrospectionQuery;
+	// "anonymous" when it has none and "other" for any other, so that
+	// clients cannot make up label values.
 	OnOperation func(operation, code string)
 }
 
@@ -112,6 +133,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxComplexity <= 0 {
 		c.MaxComplexity = 1000
+	}
+	if c.MaxTokens <= 0 {
+		c.MaxTokens = defaultMaxTokens
+	}
+	if c.MaxFields <= 0 {
+		c.MaxFields = defaultMaxFields
+	}
+	if c.MaxAliases <= 0 {
+		c.MaxAliases = defaultMaxAliases
+	}
+	if c.MaxResponseBytes <= 0 {
+		c.MaxResponseBytes = 4 << 20
 	}
 	if c.KeepAlive <= 0 {
 		c.KeepAlive = 10 * time.Second
@@ -136,7 +169,9 @@ func RemoteHost(r *http.Request) string {
 // graphql-ws).
 func NewHandler(cfg Config) http.Handler {
 	cfg = cfg.withDefaults()
-	srv := handler.New(generated.NewExecutableSchema(newSchemaConfig(cfg)))
+	w := &work{}
+	es := countedSchema{ExecutableSchema: generated.NewExecutableSchema(newSchemaConfig(cfg)), asked: &w.priced}
+	srv := handler.New(es)
 	srv.AddTransport(transport.Websocket{
 		Implementation: transport.CoderWebsocketImplementation{
 			AcceptOptions: coderws.AcceptOptions{OriginPatterns: cfg.AllowedOrigins},
@@ -144,48 +179,61 @@ func NewHandler(cfg Config) http.Handler {
 		KeepAlivePingInterval: cfg.KeepAlive,
 		InitTimeout:           10 * time.Second,
 		InitFunc:              wsInit(cfg.AdminToken),
+		PayloadReadLimit:      &cfg.MaxBodyBytes,
 		ErrorFunc: func(ctx context.Context, err error) {
 			cfg.Logger.DebugContext(ctx, "graphql websocket closed", "err", err)
 		},
 	})
-	srv.AddTransport(getTransport{})
-	srv.AddTransport(postTransport{})
-	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
-	srv.Use(extension.Introspection{})
-	srv.Use(depthLimit{max: cfg.MaxDepth})
-	srv.Use(newComplexityLimit(cfg.MaxComplexity))
+	srv.AddTransport(getTransport{maxResponse: cfg.MaxResponseBytes})
+	srv.AddTransport(postTransport{maxResponse: cfg.MaxResponseBytes})
+	cache := newQueryCache()
+	srv.SetQueryCache(cache)
+	srv.SetParserTokenLimit(cfg.MaxTokens)
+	srv.SetValidationRulesFn(func() *rules.Rules {
+		w.validated.Add(1)
+		return rules.NewDefaultRules()
+	})
+	srv.Use(documentLimits{maxTokens: cfg.MaxTokens, maxFields: cfg.MaxFields, maxAliases: cfg.MaxAliases, cache: cache, work: w})
+	if !cfg.DisableIntrospection {
+		srv.Use(extension.Introspection{})
+	}
+	srv.Use(newOperationLimits(cfg.MaxComplexity, cfg.MaxDepth, !cfg.DisableIntrospection, w))
 	srv.SetErrorPresenter(presenter(cfg.Logger))
 	srv.SetRecoverFunc(recoverer(cfg.Logger))
+	known := knownOperations(es.Schema())
 	// Loaders are made per response: one per query or mutation, one per
 	// subscription event, so a long-lived subscription never reads a
 	// stale cache.
 	srv.AroundResponses(func(ctx context.Context, next graphql.ResponseHandler) *graphql.Response {
 		resp := next(withLoaders(ctx, cfg.Ledger))
 		if cfg.OnOperation != nil && graphql.HasOperationContext(ctx) {
-			observeOperation(ctx, resp, cfg.OnOperation)
+			observeOperation(ctx, resp, known, cfg.OnOperation)
 		}
 		return resp
 	})
 	if cfg.OnOperation != nil {
 		srv.AroundOperations(func(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
 			if oc := graphql.GetOperationContext(ctx); oc.Operation != nil && oc.Operation.Operation == ast.Subscription {
-				cfg.OnOperation(operationName(oc), "")
+				cfg.OnOperation(operationName(oc, known), "")
 			}
 			return next(ctx)
 		})
 	}
-	return &httpHandler{cfg: cfg, srv: srv}
+	return &httpHandler{cfg: cfg, srv: srv, work: w, sockets: newAddrCount(cfg.MaxConnectionsPerAddress)}
 }
 
 // httpHandler puts the caller's identity on the request and applies the
 // limits that must hold before gqlgen reads anything.
 type httpHandler struct {
-	cfg Config
-	srv *handler.Server
+	cfg     Config
+	srv     *handler.Server
+	work    *work
+	sockets *addrCount // open WebSockets by client address
 }
 
 func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Upgrade") == "" && r.Method != http.MethodGet && r.Method != http.MethodPost {
+	upgrade := r.Header.Get("Upgrade") != ""
+	if !upgrade && r.Method != http.MethodGet && r.Method != http.MethodPost {
 		w.Header().Set("Allow", "GET, POST")
 		writeError(w, r, http.StatusMethodNotAllowed, codeBadRequest, "use GET or POST")
 		return
@@ -193,8 +241,21 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
 	}
+	addr := h.cfg.ClientAddr(r)
+	if upgrade {
+		release, ok := h.sockets.acquire(domain.AddressKey(addr))
+		if !ok {
+			writeError(w, r, http.StatusTooManyRequests, domain.ELIMIT,
+				fmt.Sprintf("this address has %d subscription connections open; close one first", h.cfg.MaxConnectionsPerAddress))
+			return
+		}
+		defer release() // the WebSocket transport returns when the connection ends
+	}
 	ctx := withViewer(r.Context(), viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken))
-	ctx = withClientAddr(ctx, h.cfg.ClientAddr(r))
+	ctx = withClientAddr(ctx, addr)
+	if upgrade {
+		ctx = withSubscriptionCap(ctx, h.cfg.MaxSubscriptionsPerConnection)
+	}
 	h.srv.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -229,7 +290,7 @@ func newSchemaConfig(cfg Config) generated.Config {
 // observeOperation reports a query's or mutation's response to
 // OnOperation; subscriptions are reported once, when they start (see
 // NewHandler), not once per event.
-func observeOperation(ctx context.Context, resp *graphql.Response, on func(operation, code string)) {
+func observeOperation(ctx context.Context, resp *graphql.Response, known map[string]bool, on func(operation, code string)) {
 	oc := graphql.GetOperationContext(ctx)
 	if oc.Operation != nil && oc.Operation.Operation == ast.Subscription {
 		return
@@ -242,16 +303,41 @@ func observeOperation(ctx context.Context, resp *graphql.Response, on func(opera
 			code = "INTERNAL"
 		}
 	}
-	on(operationName(oc), code)
+	on(operationName(oc, known), code)
 }
 
-func operationName(oc *graphql.OperationContext) string {
+// operationName is the operation's name if it is a known one, "anonymous"
+// without a name and "other" otherwise.
+func operationName(oc *graphql.OperationContext, known map[string]bool) string {
 	name := oc.OperationName
 	if name == "" && oc.Operation != nil {
 		name = oc.Operation.Name
 	}
-	if name == "" {
+	switch {
+	case name == "":
 		return "anonymous"
+	case known[name]:
+		return name
 	}
-	return name
+	return "other"
+}
+
+// knownOperations are the operation names metrics keep: the root fields
+// of the schema as they are and capitalized (an operation is usually named
+// after the field it asks for), and the playground's IntrospectionQuery.
+func knownOperations(s *ast.Schema) map[string]bool {
+	known := map[string]bool{"IntrospectionQuery": true}
+	for _, root := range []*ast.Definition{s.Query, s.Mutation, s.Subscription} {
+		if root == nil {
+			continue
+		}
+		for _, f := range root.Fields {
+			if strings.HasPrefix(f.Name, "__") {
+				continue
+			}
+			known[f.Name] = true
+			known[strings.ToUpper(f.Name[:1])+f.Name[1:]] = true
+		}
+	}
+	return known
 }

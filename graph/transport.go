@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"strings"
 
 	"github.com/99designs/gqlgen/graphql"
@@ -57,10 +59,14 @@ func responseType(r *http.Request) string {
 	return ""
 }
 
+// codeResponseTooLarge replaces a response over Config.MaxResponseBytes.
+const codeResponseTooLarge = "RESPONSE_TOO_LARGE"
+
 // writeResponse writes resp with status. Under application/json every
-// response to a well-formed request is 200.
-func writeResponse(w http.ResponseWriter, mediaType string, status int, resp *graphql.Response) {
-	writeJSON(w, mediaType, status, resp)
+// response to a well-formed request is 200. A response longer than
+// maxBytes is not sent: an error says so instead.
+func writeResponse(w http.ResponseWriter, mediaType string, status int, resp *graphql.Response, maxBytes int) {
+	writeJSON(w, mediaType, status, resp, maxBytes)
 }
 
 // notExecuted is the response to a request that failed before execution:
@@ -72,11 +78,11 @@ type notExecuted struct {
 }
 
 // writeNotExecuted writes resp, whose request never executed, without data.
-func writeNotExecuted(w http.ResponseWriter, mediaType string, status int, resp *graphql.Response) {
-	writeJSON(w, mediaType, status, notExecuted{Errors: resp.Errors, Extensions: resp.Extensions})
+func writeNotExecuted(w http.ResponseWriter, mediaType string, status int, resp *graphql.Response, maxBytes int) {
+	writeJSON(w, mediaType, status, notExecuted{Errors: resp.Errors, Extensions: resp.Extensions}, maxBytes)
 }
 
-func writeJSON(w http.ResponseWriter, mediaType string, status int, resp any) {
+func writeJSON(w http.ResponseWriter, mediaType string, status int, resp any, maxBytes int) {
 	if mediaType == "" {
 		mediaType = mediaJSON
 	}
@@ -84,9 +90,14 @@ func writeJSON(w http.ResponseWriter, mediaType string, status int, resp any) {
 		status = http.StatusOK
 	}
 	b, err := json.Marshal(resp)
-	if err != nil {
+	switch {
+	case err != nil:
 		status = http.StatusInternalServerError
 		b = []byte(`{"errors":[{"message":"internal error","extensions":{"code":"INTERNAL"}}]}`)
+	case len(b) > maxBytes:
+		b, _ = json.Marshal(&graphql.Response{Errors: gqlerror.List{{
+			Message:    fmt.Sprintf("the response is larger than %d bytes; ask for fewer fields or a smaller page", maxBytes),
+			Extensions: map[string]any{"code": codeResponseTooLarge}}}})
 	}
 	w.Header().Set("Content-Type", mediaType+"; charset=utf-8")
 	w.WriteHeader(status)
@@ -117,7 +128,7 @@ func acceptedType(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return mt, true
 }
 
-type postTransport struct{}
+type postTransport struct{ maxResponse int }
 
 var _ graphql.Transport = postTransport{}
 
@@ -125,7 +136,7 @@ func (postTransport) Supports(r *http.Request) bool {
 	return r.Method == http.MethodPost && r.Header.Get("Upgrade") == ""
 }
 
-func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
 	mt, ok := acceptedType(w, r)
 	if !ok {
 		return
@@ -141,6 +152,12 @@ func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gra
 			writeError(w, r, http.StatusRequestEntityTooLarge, codeBodyTooLarge, "the request body is too large")
 			return
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The server's read deadline: the body came too slowly.
+			w.Header().Set("Connection", "close")
+			writeError(w, r, http.StatusRequestTimeout, codeBadRequest, "the request body did not arrive in time")
+			return
+		}
 		writeError(w, r, http.StatusBadRequest, codeBadRequest, "the request body could not be read")
 		return
 	}
@@ -152,10 +169,10 @@ func (postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gra
 		return
 	}
 	params.Headers = r.Header
-	execute(w, r, exec, &params, mt)
+	execute(w, r, exec, &params, mt, t.maxResponse)
 }
 
-type getTransport struct{}
+type getTransport struct{ maxResponse int }
 
 var _ graphql.Transport = getTransport{}
 
@@ -163,7 +180,7 @@ func (getTransport) Supports(r *http.Request) bool {
 	return r.Method == http.MethodGet && r.Header.Get("Upgrade") == ""
 }
 
-func (getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+func (t getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
 	mt, ok := acceptedType(w, r)
 	if !ok {
 		return
@@ -180,11 +197,12 @@ func (getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Grap
 			}
 		}
 	}
-	execute(w, r, exec, &params, mt)
+	execute(w, r, exec, &params, mt, t.maxResponse)
 }
 
-// execute runs one GraphQL request over HTTP.
-func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string) {
+// execute runs one GraphQL request over HTTP; nothing is executed for a
+// client that has left.
+func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string, maxResponse int) {
 	ctx := r.Context()
 	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
 	opCtx, errs := exec.CreateOperationContext(ctx, params)
@@ -193,7 +211,7 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 		if isRequestError(errs) {
 			status = http.StatusBadRequest
 		}
-		writeNotExecuted(w, mt, status, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), errs))
+		writeNotExecuted(w, mt, status, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), errs), maxResponse)
 		return
 	}
 	switch op := opCtx.Operation.Operation; {
@@ -204,9 +222,12 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 	case op == ast.Subscription:
 		err := gqlerror.Errorf("subscriptions need a WebSocket (graphql-transport-ws or graphql-ws) on this path")
 		err.Extensions = map[string]any{"code": codeBadRequest}
-		writeNotExecuted(w, mt, http.StatusBadRequest, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), gqlerror.List{err}))
+		writeNotExecuted(w, mt, http.StatusBadRequest, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), gqlerror.List{err}), maxResponse)
 		return
 	}
+	if ctx.Err() != nil {
+		return // the client left while the request was checked
+	}
 	responses, ctx := exec.DispatchOperation(ctx, opCtx)
-	writeResponse(w, mt, http.StatusOK, responses(ctx))
+	writeResponse(w, mt, http.StatusOK, responses(ctx), maxResponse)
 }

@@ -211,15 +211,19 @@ func KindOf(err error) ErrorKind {
 	return Temporary
 }
 
-// Registry holds the enabled providers by name.
+// Registry holds the enabled providers by name. Every enabled provider
+// verifies its notifications and refunds its payments; a provider may be
+// enabled without being offered to buyers for new orders (the sandbox
+// beside real merchants: see NotForBuyers).
 type Registry struct {
-	byName map[string]Provider
+	byName   map[string]Provider
+	withheld map[string]bool
 }
 
 // NewRegistry returns a registry of ps; two providers with one name is a
 // programming error.
 func NewRegistry(ps ...Provider) *Registry {
-	r := &Registry{byName: map[string]Provider{}}
+	r := &Registry{byName: map[string]Provider{}, withheld: map[string]bool{}}
 	for _, p := range ps {
 		if _, dup := r.byName[p.Name()]; dup {
 			panic("providers: duplicate provider " + p.Name())
@@ -229,17 +233,43 @@ func NewRegistry(ps ...Provider) *Registry {
 	return r
 }
 
+// NotForBuyers keeps the named provider from new orders; it still answers
+// its notifications and refunds. Call it while setting up, before use.
+func (r *Registry) NotForBuyers(name string) *Registry {
+	r.withheld[name] = true
+	return r
+}
+
 // Get returns the provider called name.
 func (r *Registry) Get(name string) (Provider, bool) {
 	p, ok := r.byName[name]
 	return p, ok
 }
 
+// Offered returns the provider called name if buyers may order with it.
+func (r *Registry) Offered(name string) (Provider, bool) {
+	if r.withheld[name] {
+		return nil, false
+	}
+	return r.Get(name)
+}
+
 // Names lists the enabled providers, sorted.
 func (r *Registry) Names() []string {
+	return r.names(func(string) bool { return true })
+}
+
+// OfferedNames lists the providers buyers may order with, sorted.
+func (r *Registry) OfferedNames() []string {
+	return r.names(func(n string) bool { return !r.withheld[n] })
+}
+
+func (r *Registry) names(keep func(string) bool) []string {
 	names := make([]string, 0, len(r.byName))
 	for n := range r.byName {
-		names = append(names, n)
+		if keep(n) {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	return names

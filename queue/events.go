@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,10 +17,29 @@ import (
 // holds up the caller (a close batch of 500 orders must not wait for 500
 // round trips): changes go through a buffer to one goroutine that pipelines
 // them. Close stops it.
+//
+// Subscribers in one process share one Redis connection (see Subscribe),
+// however many they are.
 type Events struct {
 	rdb  redis.UniversalClient
 	keys Keys
 	log  *slog.Logger
+
+	// Statuses reads orders' statuses from the database, for subscribers
+	// catching up after the event stream was interrupted; nil: each
+	// subscriber is told to read its order again ("").
+	Statuses func(ctx context.Context, orderNos []string) (map[string]domain.OrderStatus, error)
+	// PollInterval is how often every subscribed order is read again while
+	// the shared subscription is down (Redis away); default 5s.
+	PollInterval time.Duration
+	// ResyncInterval is how often they are read again while it is up, for
+	// changes whose event was lost on the publishing side (Redis away from
+	// the publisher, a full buffer); default 1m.
+	ResyncInterval time.Duration
+
+	hubMu     sync.Mutex
+	hub       *hub // started by the first Subscribe
+	hubClosed bool
 
 	once    sync.Once
 	pending chan event
@@ -94,7 +114,9 @@ func (e *Events) publish() {
 	}
 }
 
-// Close publishes what is buffered and stops the publisher.
+// Close publishes what is buffered, stops the publisher and the shared
+// subscription. Subscriptions still open hear nothing more; they end with
+// their contexts.
 func (e *Events) Close() {
 	e.mu.Lock()
 	if e.closed {
@@ -106,48 +128,11 @@ func (e *Events) Close() {
 	close(e.pending)
 	e.mu.Unlock()
 	<-e.done
-}
-
-// Subscribe streams the order's status changes until ctx ends or the
-// returned func is called; either closes the channel and ends the
-// subscription's goroutine. The subscription is live when Subscribe
-// returns, so a change published after it is not missed. If Redis cannot be
-// reached the channel is closed at once (the stream ended).
-func (e *Events) Subscribe(ctx context.Context, orderNo string) (<-chan domain.OrderStatus, func()) {
-	out := make(chan domain.OrderStatus, 8)
-	ctx, cancel := context.WithCancel(ctx)
-	ps := e.rdb.Subscribe(ctx, e.keys.OrderChannel(orderNo))
-	if _, err := ps.Receive(ctx); err != nil {
-		e.log.WarnContext(ctx, "order subscription failed", "order", orderNo, "err", err)
-		ps.Close()
-		cancel()
-		close(out)
-		return out, func() {}
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(out)
-		defer ps.Close()
-		msgs := ps.Channel()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case m, ok := <-msgs:
-				if !ok {
-					return
-				}
-				select {
-				case out <- domain.OrderStatus(m.Payload):
-				case <-ctx.Done():
-					return
-				}
-			}
-		}
-	}()
-	return out, func() {
-		cancel()
-		<-done
+	e.hubMu.Lock()
+	h := e.hub
+	e.hubClosed = true
+	e.hubMu.Unlock()
+	if h != nil {
+		h.stop()
 	}
 }

@@ -71,6 +71,26 @@ func (k Keys) SweepLock() string { return k.Lock("sweep") }
 // OrderChannel is the pub/sub channel of one order's status changes.
 func (k Keys) OrderChannel(orderNo string) string { return k.prefix + "order:{" + orderNo + "}" }
 
+// OrderChannelPattern matches every OrderChannel of this prefix, for the
+// one PSUBSCRIBE a process holds for all its subscribers. Glob characters
+// in the prefix match only themselves.
+func (k Keys) OrderChannelPattern() string {
+	return globEscaper.Replace(k.prefix) + "order:{*}"
+}
+
+var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
+
+// OrderNoOf is the order number of an OrderChannel; false for any other
+// channel.
+func (k Keys) OrderNoOf(channel string) (string, bool) {
+	rest, ok := strings.CutPrefix(channel, k.prefix+"order:{")
+	if !ok {
+		return "", false
+	}
+	no, ok := strings.CutSuffix(rest, "}")
+	return no, ok && no != ""
+}
+
 // Lock is a named lock that one process holds at a time (the
 // reconciliation's, say).
 func (k Keys) Lock(name string) string { return k.prefix + "lock:" + name }

@@ -2026,11 +2026,17 @@ type ImportCardsPayload {
 input CreateOrderInput {
   productId: ID!
   quantity: Int!
-  "How the buyer is reached (email, phone, QQ)."
+  """
+  How the buyer is reached (email, phone, QQ). Stored normalized: lower case,
+  no spaces, full-width characters as ASCII, a phone number as its digits.
+  """
   contact: String!
   "A payment provider's name: sandbox, alipay, wechat."
   provider: String!
-  "Optional; retrying with the same key returns the same order."
+  """
+  Optional; retrying with the same key from the same client address returns
+  the same order. From another address it is another key.
+  """
   idempotencyKey: String
   "The provider's form of payment (alipay: page, wap, qr; wechat: native, h5); empty for its default."
   method: String
@@ -2054,6 +2060,7 @@ type Mutation {
   createProduct(input: CreateProductInput!): Product!
   updateProduct(id: ID!, input: UpdateProductInput!): Product!
   importCards(productId: ID!, codes: [String!]!): ImportCardsPayload!
+  "One per request: an operation with two createOrder is refused."
   createOrder(input: CreateOrderInput!): CreateOrderPayload!
   "The buyer gives up a PENDING order: it closes now and its cards go back on sale."
   cancelOrder(orderNo: String!, accessToken: String!): Order!
@@ -11049,13 +11056,13 @@ func (ec *executionContext) marshalNImportCardsPayload2ᚖkamiᚋdomainᚐImport
 }
 
 func (ec *executionContext) unmarshalNInt2int(ctx context.Context, v any) (int, error) {
-	res, err := graphql.UnmarshalInt(v)
+	res, err := model.UnmarshalInt(v)
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) marshalNInt2int(ctx context.Context, sel ast.SelectionSet, v int) graphql.Marshaler {
 	_ = sel
-	res := graphql.MarshalInt(v)
+	res := model.MarshalInt(v)
 	if res == graphql.Null {
 		graphql.AddInvalidNullFromMarshaler(ctx, "Int!")
 	}
@@ -11513,13 +11520,13 @@ func (ec *executionContext) marshalNSyncOrderPayload2ᚖkamiᚋdomainᚐSyncResu
 }
 
 func (ec *executionContext) unmarshalNTime2timeᚐTime(ctx context.Context, v any) (time.Time, error) {
-	res, err := graphql.UnmarshalTime(v)
+	res, err := model.UnmarshalTime(v)
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) marshalNTime2timeᚐTime(ctx context.Context, sel ast.SelectionSet, v time.Time) graphql.Marshaler {
 	_ = sel
-	res := graphql.MarshalTime(v)
+	res := model.MarshalTime(v)
 	if res == graphql.Null {
 		graphql.AddInvalidNullFromMarshaler(ctx, "Time!")
 	}
@@ -11799,7 +11806,7 @@ func (ec *executionContext) unmarshalOInt2ᚖint(ctx context.Context, v any) (*i
 	if v == nil {
 		return nil, nil
 	}
-	res, err := graphql.UnmarshalInt(v)
+	res, err := model.UnmarshalInt(v)
 	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
@@ -11809,7 +11816,7 @@ func (ec *executionContext) marshalOInt2ᚖint(ctx context.Context, sel ast.Sele
 	}
 	_ = sel
 	_ = ctx
-	res := graphql.MarshalInt(*v)
+	res := model.MarshalInt(*v)
 	return res
 }
 
@@ -11945,14 +11952,14 @@ func (ec *executionContext) marshalOString2ᚖstring(ctx context.Context, sel as
 }
 
 func (ec *executionContext) unmarshalOTime2timeᚐTime(ctx context.Context, v any) (time.Time, error) {
-	res, err := graphql.UnmarshalTime(v)
+	res, err := model.UnmarshalTime(v)
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) marshalOTime2timeᚐTime(ctx context.Context, sel ast.SelectionSet, v time.Time) graphql.Marshaler {
 	_ = sel
 	_ = ctx
-	res := graphql.MarshalTime(v)
+	res := model.MarshalTime(v)
 	return res
 }
 
@@ -11960,7 +11967,7 @@ func (ec *executionContext) unmarshalOTime2ᚖtimeᚐTime(ctx context.Context, v
 	if v == nil {
 		return nil, nil
 	}
-	res, err := graphql.UnmarshalTime(v)
+	res, err := model.UnmarshalTime(v)
 	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
@@ -11970,7 +11977,7 @@ func (ec *executionContext) marshalOTime2ᚖtimeᚐTime(ctx context.Context, sel
 	}
 	_ = sel
 	_ = ctx
-	res := graphql.MarshalTime(*v)
+	res := model.MarshalTime(*v)
 	return res
 }
 

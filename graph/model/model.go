@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"strconv"
+	"time"
 
 	"github.com/99designs/gqlgen/graphql"
 
@@ -78,4 +79,30 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// MarshalTime writes an RFC 3339 time, as gqlgen does.
+func MarshalTime(t time.Time) graphql.Marshaler { return graphql.MarshalTime(t) }
+
+// UnmarshalTime reads an RFC 3339 time; anything else is the caller's
+// mistake (BAD_INPUT), not an internal error.
+func UnmarshalTime(v any) (time.Time, error) {
+	t, err := graphql.UnmarshalTime(v)
+	if err != nil {
+		return time.Time{}, domain.Errorf(domain.EBADINPUT, "a time is an RFC 3339 string like \"2026-12-01T08:00:00Z\"")
+	}
+	return t, nil
+}
+
+// MarshalInt writes an Int.
+func MarshalInt(i int) graphql.Marshaler { return graphql.MarshalInt(i) }
+
+// UnmarshalInt reads an Int; a value that is not one, or does not fit, is
+// BAD_INPUT.
+func UnmarshalInt(v any) (int, error) {
+	i, err := graphql.UnmarshalInt(v)
+	if err != nil {
+		return 0, domain.Errorf(domain.EBADINPUT, "not a whole number that fits an Int")
+	}
+	return i, nil
 }

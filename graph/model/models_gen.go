@@ -21,11 +21,13 @@ type CardEdge struct {
 type CreateOrderInput struct {
 	ProductID int64 `json:"productId"`
 	Quantity  int   `json:"quantity"`
-	// How the buyer is reached (email, phone, QQ).
+	// How the buyer is reached (email, phone, QQ). Stored normalized: lower case,
+	// no spaces, full-width characters as ASCII, a phone number as its digits.
 	Contact string `json:"contact"`
 	// A payment provider's name: sandbox, alipay, wechat.
 	Provider string `json:"provider"`
-	// Optional; retrying with the same key returns the same order.
+	// Optional; retrying with the same key from the same client address returns
+	// the same order. From another address it is another key.
 	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
 	// The provider's form of payment (alipay: page, wap, qr; wechat: native, h5); empty for its default.
 	Method *string `json:"method,omitempty"`

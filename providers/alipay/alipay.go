@@ -63,18 +63,24 @@ type Config struct {
 	PrivateKey      string // KAMI_ALIPAY_PRIVATE_KEY: the app's RSA private key
 	AlipayPublicKey string // KAMI_ALIPAY_PUBLIC_KEY: Alipay's public key, to verify
 	Gateway         string // KAMI_ALIPAY_GATEWAY: base URL; empty is production
-	NotifyURL       string
-	ReturnURL       string
-	Timeout         time.Duration // per gateway call; zero is DefaultTimeout
+	// SellerID is KAMI_ALIPAY_SELLER_ID: the merchant's Alipay user id
+	// (2088…, a PID). When set, a notification naming another seller_id is
+	// refused: an app id can be authorised to act for several merchants,
+	// and only payments to this shop's account pay its orders.
+	SellerID  string
+	NotifyURL string
+	ReturnURL string
+	Timeout   time.Duration // per gateway call; zero is DefaultTimeout
 }
 
 // Client is the Alipay provider.
 type Client struct {
-	appID   string
-	pub     *rsa.PublicKey
-	gateway *url.URL // nil: production
-	api     *goalipay.Client
-	dl      *http.Client // downloads bills from the address the gateway gives
+	appID    string
+	sellerID string // "" when not configured
+	pub      *rsa.PublicKey
+	gateway  *url.URL // nil: production
+	api      *goalipay.Client
+	dl       *http.Client // downloads bills from the address the gateway gives
 }
 
 var _ providers.Provider = (*Client)(nil)
@@ -88,6 +94,10 @@ func New(cfg Config) (*Client, error) {
 	}
 	if strings.ContainsAny(appID, " \t\r\n&=") {
 		return nil, fmt.Errorf("KAMI_ALIPAY_APP_ID: not an app id")
+	}
+	sellerID := strings.TrimSpace(cfg.SellerID)
+	if sellerID != "" && !isSellerID(sellerID) {
+		return nil, fmt.Errorf("KAMI_ALIPAY_SELLER_ID: want the 16-digit Alipay user id (PID) starting 2088")
 	}
 	priv, err := parsePrivateKey(cfg.PrivateKey)
 	if err != nil {
@@ -138,7 +148,20 @@ func New(cfg Config) (*Client, error) {
 	hc.SetTransport(&transport{target: gw, base: http.DefaultTransport.(*http.Transport).Clone()})
 	// A bill is larger than an answer: its download gets more time.
 	dl := &http.Client{Timeout: max(6*timeout, time.Minute), Transport: http.DefaultTransport.(*http.Transport).Clone()}
-	return &Client{appID: appID, pub: pub, gateway: gw, api: api, dl: dl}, nil
+	return &Client{appID: appID, sellerID: sellerID, pub: pub, gateway: gw, api: api, dl: dl}, nil
+}
+
+// isSellerID: an Alipay user id is 16 digits starting 2088.
+func isSellerID(s string) bool {
+	if len(s) != 16 || !strings.HasPrefix(s, "2088") {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // Name implements providers.Provider.

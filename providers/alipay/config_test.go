@@ -55,6 +55,7 @@ func TestNewRefusesBadSettings(t *testing.T) {
 		"GatewayScheme":   {func(c *alipay.Config) { c.Gateway = "ftp://openapi.example.com/gateway.do" }, "KAMI_ALIPAY_GATEWAY"},
 		"GatewayNoHost":   {func(c *alipay.Config) { c.Gateway = "https:///gateway.do" }, "KAMI_ALIPAY_GATEWAY"},
 		"GatewayRelative": {func(c *alipay.Config) { c.Gateway = "gateway.do" }, "KAMI_ALIPAY_GATEWAY"},
+		"SellerNotAPID":   {func(c *alipay.Config) { c.SellerID = "shop@example.com" }, "KAMI_ALIPAY_SELLER_ID"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

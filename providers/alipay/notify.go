@@ -27,6 +27,7 @@ const (
 	CodeMalformed    = "MALFORMED"
 	CodeBadSignature = "BAD_SIGNATURE"
 	CodeWrongAppID   = "WRONG_APP_ID"
+	CodeWrongSeller  = "WRONG_SELLER_ID"
 )
 
 func invalid(code, msg string) *providers.Error {
@@ -67,6 +68,9 @@ func (c *Client) ParseNotification(_ context.Context, header http.Header, body [
 	}
 	if params["app_id"] != c.appID {
 		return providers.Event{}, invalid(CodeWrongAppID, "notification is for another app id")
+	}
+	if c.sellerID != "" && params["seller_id"] != c.sellerID {
+		return providers.Event{}, invalid(CodeWrongSeller, "notification is for another seller")
 	}
 	return eventFrom(params)
 }

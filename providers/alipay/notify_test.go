@@ -61,6 +61,27 @@ func TestNotificationPayment(t *testing.T) {
 	}
 }
 
+// TestSellerIDOnlyWhenConfigured: without KAMI_ALIPAY_SELLER_ID any
+// seller_id passes, as before the setting existed.
+func TestSellerIDOnlyWhenConfigured(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.cfg
+	cfg.SellerID = ""
+	c, err := alipay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := b.emu.PaymentFields("O210", 1250)
+	fields["seller_id"] = "2088000000000007"
+	if ev, err := parse(t, c, b.emu.Notification(fields)); err != nil || ev.Kind != providers.EventPaymentSucceeded {
+		t.Fatalf("another seller without the setting: %+v, %v", ev, err)
+	}
+	if _, err := parse(t, b.client, b.emu.Notification(fields)); codeOf(err) != alipay.CodeWrongSeller {
+		t.Fatalf("another seller with the setting: %v", err)
+	}
+}
+
 func TestNotificationStates(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -87,6 +108,8 @@ func TestNotificationStates(t *testing.T) {
 		"NoTradeNo":     {func(f map[string]string) { delete(f, "trade_no") }, "", alipay.CodeMalformed},
 		"BadPaidTime":   {func(f map[string]string) { f["gmt_payment"] = "2026-13-01 00:00:00" }, "", alipay.CodeMalformed},
 		"OtherApp":      {func(f map[string]string) { f["app_id"] = alipayemu.OtherAppID }, "", alipay.CodeWrongAppID},
+		"OtherSeller":   {func(f map[string]string) { f["seller_id"] = "2088000000000007" }, "", alipay.CodeWrongSeller},
+		"NoSeller":      {func(f map[string]string) { delete(f, "seller_id") }, "", alipay.CodeWrongSeller},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -85,6 +85,7 @@ func setup(t testing.TB, opts ...setupOpts) *bundle {
 		PrivateKey:      appKeyPEM(),
 		AlipayPublicKey: emu.PublicKeyPEM(),
 		Gateway:         srv.URL,
+		SellerID:        alipayemu.SellerID,
 		NotifyURL:       "https://shop.example.com/webhooks/alipay",
 		ReturnURL:       "https://shop.example.com/paid",
 		Timeout:         o.timeout,

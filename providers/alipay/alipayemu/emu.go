@@ -48,6 +48,10 @@ const DefaultAppID = "2021000000000001"
 // OtherAppID is the app id of notifications built by OtherApp.
 const OtherAppID = "2021000000009999"
 
+// SellerID is the seller_id (the merchant's Alipay user id) of every
+// notification the emulator sends.
+const SellerID = "2088101106499364"
+
 // Options configure an emulator. Zero values give working defaults.
 type Options struct {
 	AppID string

@@ -162,7 +162,7 @@ func (s *Server) paymentFieldsLocked(t *trade) map[string]string {
 		"gmt_payment":      t.paidAt.In(beijing).Format(alipayTime),
 		"buyer_id":         "2088102177846880",
 		"buyer_logon_id":   "kam***@example.com",
-		"seller_id":        "2088101106499364",
+		"seller_id":        SellerID,
 		"seller_email":     "shop@example.com",
 		"fund_bill_list":   `[{"amount":"` + amount + `","fundChannel":"ALIPAYACCOUNT"}]`,
 	}

@@ -35,6 +35,7 @@ type trade struct {
 	codeURL     string
 	h5URL       string
 	notifyID    string // the payment notification's id, one per payment
+	payerIP     string // scene_info.payer_client_ip of an H5 payment
 }
 
 type refund struct {
@@ -162,6 +163,7 @@ func (s *Server) create(tradeType string) handler {
 			s.trades[req.OutTradeNo] = t
 		}
 		if tradeType == "MWEB" {
+			t.payerIP = req.SceneInfo.PayerClientIP
 			return reply{http.StatusOK, map[string]string{"h5_url": t.h5URL}}, nil
 		}
 		return reply{http.StatusOK, map[string]string{"code_url": t.codeURL}}, nil
@@ -169,6 +171,17 @@ func (s *Server) create(tradeType string) handler {
 }
 
 // ---- query payment ----
+
+// PayerClientIP is the payer_client_ip the H5 payment of outTradeNo was
+// created with; "" when there is none.
+func (s *Server) PayerClientIP(outTradeNo string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.trades[outTradeNo]; ok {
+		return t.payerIP
+	}
+	return ""
+}
 
 func (s *Server) queryByOutTradeNo(r *http.Request, _ []byte) (reply, *apiError) {
 	return s.query(r, r.PathValue("no"))

@@ -1,0 +1,64 @@
+package graph_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+)
+
+// BenchmarkStorefront is what a storefront sends most, through the real
+// handler on SQLite: createOrder, and the order query a buyer's page polls.
+// It measures what the request limits (document size, price, depth,
+// response cap, operation names) add to ordinary requests:
+//
+//	go test ./graph/ -run '^$' -bench Storefront -benchtime 2000x -count 5
+func BenchmarkStorefront(b *testing.B) {
+	bb := setup(b, options{})
+	ctx := context.Background()
+	id := bb.product(b, "1.00", 0)
+	pid, _ := strconv.ParseInt(id, 10, 64)
+	codes := make([]string, 30_000)
+	for i := range codes {
+		codes[i] = fmt.Sprintf("BENCH-%06d", i)
+	}
+	for start := 0; start < len(codes); start += 10_000 {
+		if _, err := bb.ledger.ImportCards(ctx, pid, codes[start:start+10_000], "bench"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	paid := bb.order(b, id, 1, "paid@example.com")
+	bb.pay(b, paid.Order.OrderNo, "T-BENCH")
+
+	post := func(b *testing.B, query string, vars map[string]any) {
+		body, _ := json.Marshal(map[string]any{"query": query, "variables": vars})
+		req := httptest.NewRequest(http.MethodPost, "/graphql", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		bb.handler.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK || bytes.Contains(rec.Body.Bytes(), []byte(`"errors"`)) {
+			b.Fatalf("%d %s", rec.Code, rec.Body.Bytes())
+		}
+	}
+	const storefrontCreate = `mutation CreateOrder($in: CreateOrderInput!) { createOrder(input: $in) {
+		order { orderNo status amount expiresAt } accessToken payment { kind url expiresAt } } }`
+	const storefrontOrder = `query Order($no: String!, $t: String) { order(orderNo: $no, accessToken: $t) {
+		orderNo status amount quantity expiresAt paidAt cards product { name price } } }`
+
+	b.Run("createOrder", func(b *testing.B) {
+		for i := range b.N {
+			post(b, storefrontCreate, map[string]any{"in": map[string]any{"productId": id, "quantity": 1,
+				"contact": fmt.Sprintf("buyer%d@example.com", i), "provider": "sandbox"}})
+		}
+	})
+	b.Run("order", func(b *testing.B) {
+		vars := map[string]any{"no": paid.Order.OrderNo, "t": paid.AccessToken}
+		for range b.N {
+			post(b, storefrontOrder, vars)
+		}
+	})
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/providers/sandbox"
+)
+
+// The transport attacks of issue 11, against a whole server.
+
+// TestSlowBodyIsCut: a POST announcing 100 KB and sending 10 bytes was
+// held open indefinitely. The body now has BodyReadTimeout to arrive; the
+// server then answers 408 and closes the connection, on /graphql and on
+// the webhooks alike. The test waits for that answer; it does not time it.
+func TestSlowBodyIsCut(t *testing.T) {
+	t.Parallel()
+	ta := newTestAppWith(t, dbtest.SQLite, nil, func(c *Config) { c.BodyReadTimeout = 200 * time.Millisecond })
+	for _, path := range []string{"/graphql", "/webhooks/sandbox"} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(ta.srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: kami.test\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"query\":", path)
+		conn.SetReadDeadline(time.Now().Add(time.Minute)) // a guard against hanging, not a measure
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: no answer to a slow body: %v", path, err)
+		}
+		io.Copy(io.Discard, res.Body)
+		if res.StatusCode != http.StatusRequestTimeout {
+			t.Errorf("%s: status %d, want 408", path, res.StatusCode)
+		}
+		if _, err := conn.Read(make([]byte, 1)); err == nil {
+			t.Errorf("%s: the connection stayed open", path)
+		}
+	}
+	// A body that arrives in time is served, and the deadline does not
+	// reach past it: the connection serves the next request.
+	r := ta.graphql(t, `{ products { id } }`, nil)
+	if r.Status != 200 || len(r.Errors) > 0 {
+		t.Fatalf("a normal request: %d %+v", r.Status, r.Errors)
+	}
+}
+
+// TestMetricsToken: /metrics showed sales figures to anyone. With
+// KAMI_METRICS_TOKEN it asks for the bearer token.
+func TestMetricsToken(t *testing.T) {
+	t.Parallel()
+	const token = "metrics-token-0123456789abcdef-0123"
+	ta := newTestApp(t, dbtest.SQLite, env{"KAMI_METRICS_TOKEN": token})
+	for _, tc := range []struct {
+		auth string
+		want int
+	}{{"", 401}, {"Bearer wrong", 401}, {"Bearer " + testAdminToken, 401}, {"Bearer " + token, 200}} {
+		req, _ := http.NewRequest(http.MethodGet, ta.srv.URL+"/metrics", nil)
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != tc.want || (tc.want == 401 && strings.Contains(string(body), "kami_")) {
+			t.Errorf("Authorization %q: %d, want %d", tc.auth, res.StatusCode, tc.want)
+		}
+	}
+	// Without the setting /metrics stays open, as before.
+	open := newTestApp(t, dbtest.SQLite, nil)
+	if res, err := http.Get(open.srv.URL + "/metrics"); err != nil || res.StatusCode != 200 {
+		t.Fatalf("/metrics without a token set: %v %v", res, err)
+	}
+}
+
+// TestTokensTooShortStopTheStart: an admin or metrics token under 32
+// characters stops the start with a message naming the setting; the
+// generated admin token is long enough.
+func TestTokensTooShortStopTheStart(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"KAMI_ADMIN_TOKEN", "KAMI_METRICS_TOKEN"} {
+		if _, err := loadConfig(env{name: "admin-token"}.get); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s of 11 characters: %v", name, err)
+		}
+	}
+	for name, value := range map[string]string{
+		"KAMI_TRUSTED_PROXIES": "10.0.0.0/8, nginx", "KAMI_TRUSTED_PROXY_HEADER": "X-Client-IP",
+		"KAMI_SANDBOX_GIVES_CODES_AWAY": "maybe", "KAMI_GRAPHQL_INTROSPECTION": "sometimes",
+		"KAMI_MAX_LOCKED_PER_CONTACT": "-5", "KAMI_MAX_WEBSOCKETS_PER_ADDRESS": "x",
+	} {
+		if _, err := loadConfig(env{name: value}.get); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%q: %v", name, value, err)
+		}
+	}
+	c, err := loadConfig(env{"KAMI_DATA_DIR": t.TempDir()}.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ensureSecrets(); err != nil || len(c.AdminToken) < 32 {
+		t.Fatalf("generated admin token of %d characters: %v", len(c.AdminToken), err)
+	}
+}
+
+// TestSQLiteFilesPrivate: the SQLite files were created 0644; they hold
+// the buyers' contacts. They are 0600, and a file an older start left
+// readable is tightened.
+func TestSQLiteFilesPrivate(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	loose := filepath.Join(dir, "kami.db")
+	if err := os.WriteFile(loose, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := env{"KAMI_DATA_DIR": dir}
+	if err := run(t.Context(), []string{"migrate"}, e.get, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"kami.db", "kami.db-wal", "kami.db-shm"} {
+		info, err := os.Stat(filepath.Join(dir, f))
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil || info.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s: %v %v, want 0600", f, info.Mode(), err)
+		}
+	}
+	fresh := t.TempDir()
+	if err := run(t.Context(), []string{"migrate"}, env{"KAMI_DATA_DIR": fresh}.get, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := os.Stat(filepath.Join(fresh, "kami.db")); err != nil || info.Mode().Perm() != 0o600 {
+		t.Errorf("a new database file: %v %v, want 0600", info.Mode(), err)
+	}
+}
+
+// TestOperationLabelsBounded: client-chosen operation names became
+// Prometheus labels, 500 names 500 series. Unknown names are "other".
+func TestOperationLabelsBounded(t *testing.T) {
+	t.Parallel()
+	ta := newTestApp(t, dbtest.SQLite, nil)
+	for i := range 500 {
+		ta.graphql(t, fmt.Sprintf(`query Scrape%d { products { id } }`, i), nil)
+	}
+	ta.graphql(t, `query Products { products { id } }`, nil)
+	res, err := http.Get(ta.srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	var series []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "kami_graphql_requests_total{") {
+			series = append(series, line)
+		}
+	}
+	if len(series) != 2 || !strings.Contains(string(body), `operation="other"} 500`) {
+		t.Fatalf("GraphQL series after 500 made-up names: %q", series)
+	}
+}
+
+// TestWrongAmountAlertedOnce: a signed notification with a wrong amount
+// answered 500, so the gateway sent it again and each delivery alerted.
+// It is refused once (400) and alerted once; its redeliveries are
+// acknowledged, and the order is never delivered.
+func TestWrongAmountAlertedOnce(t *testing.T) {
+	t.Parallel()
+	ta := newTestApp(t, dbtest.SQLite, nil)
+	p := ta.product(t, 1250, "W-1")
+	co, err := ta.shop.PlaceOrder(t.Context(), domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: "w@example.com", Provider: "sandbox"}, "", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, b := sandbox.Signed("test-secret", sandbox.PaymentNotification(co.Order.OrderNo, "SBX-W", 1, time.Now()))
+	var statuses []int
+	for range 4 {
+		status, _ := ta.post(t, "/webhooks/sandbox", h, b)
+		statuses = append(statuses, status)
+	}
+	if fmt.Sprint(statuses) != "[400 200 200 200]" {
+		t.Errorf("statuses %v, want [400 200 200 200]", statuses)
+	}
+	if n := counterValue(t, ta.metrics.alerts.WithLabelValues("amount_mismatch")); n != 1 {
+		t.Errorf("%v amount_mismatch alerts, want 1", n)
+	}
+	if o, _ := ta.ledger.Order(t.Context(), co.Order.OrderNo); o.Status != domain.OrderPending {
+		t.Errorf("order %s, want PENDING", o.Status)
+	}
+}
