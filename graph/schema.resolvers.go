@@ -181,7 +181,7 @@ func (r *queryResolver) Cards(ctx context.Context, productID *int64, status *dom
 	if err != nil {
 		return nil, err
 	}
-	page, err := r.cfg.Ledger.ListCards(ctx, deref(productID), deref(status), from, pageSize(first))
+	page, err := r.cfg.Ledger.ListCards(ctx, domain.CardFilter{ProductID: deref(productID), Status: deref(status)}, from, pageSize(first))
 	if err != nil {
 		return nil, err
 	}
