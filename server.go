@@ -245,6 +245,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 		return nil, err
 	}
 	a.metrics.watchGroups(a.ledger)
+	a.metrics.watchStock(a.ledger)
 	reg, sb, err := newProviders(cfg)
 	if err != nil {
 		return nil, err
@@ -360,8 +361,10 @@ const maxWebhookBody = 64 << 10
 
 func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/graphql", graph.NewHandler(graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
-		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL}))
+	gcfg := graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
+		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL, MaxUploadBytes: a.cfg.MaxUploadBytes}
+	mux.Handle("/graphql", graph.NewHandler(gcfg))
+	mux.Handle("GET "+graph.ExportPath, graph.NewExportHandler(gcfg))
 	mux.Handle("GET /{$}", graph.Playground())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {

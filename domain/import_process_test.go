@@ -64,7 +64,9 @@ func importerMain() int {
 // insertWatcher calls inserted after each INSERT into card_stock.
 type insertWatcher struct{ inserted func() }
 
-func (w insertWatcher) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+func (w insertWatcher) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
+	return ctx
+}
 func (w insertWatcher) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
 	if ev.Err == nil && strings.HasPrefix(ev.Query, "INSERT INTO") && strings.Contains(ev.Query[:40], "card_stock") {
 		w.inserted()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -96,12 +97,22 @@ func (r *ImportReport) refuse(line int, reason RefusalReason, msg string) {
 	} else {
 		r.Refused++
 	}
+	// Duplicates of the product's codes are found when their chunk is
+	// flushed, after later lines may have been refused: keep the first
+	// MaxRefusedLines by line number, sorted when the import ends.
+	rl := RefusedLine{Line: line, Reason: reason, Message: msg}
 	if len(r.RefusedLines) < MaxRefusedLines {
-		r.RefusedLines = append(r.RefusedLines, RefusedLine{Line: line, Reason: reason, Message: msg})
-	} else {
-		r.RefusedLinesTruncated = true
+		r.RefusedLines = append(r.RefusedLines, rl)
+		return
+	}
+	r.RefusedLinesTruncated = true
+	last := slices.MaxFunc(r.RefusedLines, byLine)
+	if line < last.Line {
+		r.RefusedLines[slices.Index(r.RefusedLines, last)] = rl
 	}
 }
+
+func byLine(a, b RefusedLine) int { return a.Line - b.Line }
 
 // ImportFile imports the codes of a file into a new batch of its product,
 // reading r once, as it arrives. Refused lines are reported (line, reason)
@@ -243,6 +254,7 @@ func (l *Ledger) importCodes(ctx context.Context, tx bun.Tx, b *Batch, rule *com
 	if rep.Lines == 0 {
 		return nil, Errorf(EBADINPUT, "the file has no codes")
 	}
+	slices.SortFunc(rep.RefusedLines, byLine)
 	b.Imported, b.Refused, b.Duplicates = rep.Imported, rep.Refused, rep.Duplicates
 	if _, err := tx.NewUpdate().Model(b).Column("imported", "refused", "duplicates").WherePK().Exec(ctx); err != nil {
 		return nil, err

@@ -75,10 +75,13 @@ type Config struct {
 	AdminToken string
 	Logger     *slog.Logger
 
-	MaxBodyBytes  int64         // request body limit; default 1 MiB (413 above it)
-	MaxDepth      int           // query depth limit; default 10
-	MaxComplexity int           // query complexity limit; default 1000
-	KeepAlive     time.Duration // WebSocket keep-alive interval; default 10s
+	MaxBodyBytes int64 // request body limit; default 1 MiB (413 above it)
+	// MaxUploadBytes is the body limit of a file upload (importCardFile,
+	// multipart); default 32 MiB (413 above it).
+	MaxUploadBytes int64
+	MaxDepth       int           // query depth limit; default 10
+	MaxComplexity  int           // query complexity limit; default 1000
+	KeepAlive      time.Duration // WebSocket keep-alive interval; default 10s
 	// AllowedOrigins are the host patterns whose pages may open a
 	// WebSocket (coder/websocket's OriginPatterns); default same origin
 	// only. Browsers cannot forge Origin, so this is the WebSocket's CSRF
@@ -103,6 +106,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
+	if c.MaxUploadBytes <= 0 {
+		c.MaxUploadBytes = DefaultMaxUploadBytes
+	}
 	if c.MaxDepth <= 0 {
 		c.MaxDepth = 10
 	}
@@ -117,6 +123,10 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// DefaultMaxUploadBytes is KAMI_MAX_UPLOAD_BYTES's default: room for about
+// 1.5 million codes of 20 characters.
+const DefaultMaxUploadBytes = 32 << 20
 
 // RemoteHost is the host part of r.RemoteAddr.
 func RemoteHost(r *http.Request) string {
@@ -145,6 +155,7 @@ func NewHandler(cfg Config) http.Handler {
 		},
 	})
 	srv.AddTransport(getTransport{})
+	srv.AddTransport(uploadTransport{maxUpload: cfg.MaxUploadBytes, maxParts: cfg.MaxBodyBytes})
 	srv.AddTransport(postTransport{})
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.Use(extension.Introspection{})
@@ -154,9 +165,11 @@ func NewHandler(cfg Config) http.Handler {
 	srv.SetRecoverFunc(recoverer(cfg.Logger))
 	// Loaders are made per response: one per query or mutation, one per
 	// subscription event, so a long-lived subscription never reads a
-	// stale cache.
+	// stale cache. The card codes a response reveals are recorded before
+	// it leaves (reveals.go).
 	srv.AroundResponses(func(ctx context.Context, next graphql.ResponseHandler) *graphql.Response {
-		resp := next(withLoaders(ctx, cfg.Ledger))
+		ctx = withRevealNotes(withLoaders(ctx, cfg.Ledger))
+		resp := recordReveals(ctx, cfg.Ledger, cfg.Logger, next(ctx))
 		if cfg.OnOperation != nil && graphql.HasOperationContext(ctx) {
 			observeOperation(ctx, resp, cfg.OnOperation)
 		}
@@ -187,7 +200,11 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Body != nil {
-		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+		limit := h.cfg.MaxBodyBytes
+		if isUpload(r) {
+			limit = h.cfg.MaxUploadBytes
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
 	}
 	ctx := withViewer(r.Context(), viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken))
 	ctx = withClientAddr(ctx, h.cfg.ClientAddr(r))
@@ -212,7 +229,16 @@ func newSchemaConfig(cfg Config) generated.Config {
 	c.Complexity.Query.Orders = func(child int, _ *model.OrderFilter, first *int, _ *string) int {
 		return 1 + page(first)*child
 	}
-	c.Complexity.Query.Cards = func(child int, _ *int64, _ *domain.CardStatus, first *int, _ *string) int {
+	c.Complexity.Query.Cards = func(child int, _ *int64, _ *int64, _ *domain.CardStatus, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.Batches = func(child int, _ *int64, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.Reveals = func(child int, _ *string, _ *int64, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Batch.Orders = func(child int, first *int, _ *string) int {
 		return 1 + page(first)*child
 	}
 	c.Complexity.Query.Refunds = func(child int, _ *domain.RefundStatus, first *int, _ *string) int {

@@ -158,8 +158,9 @@ func (getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Grap
 	execute(w, r, exec, &params, mt)
 }
 
-// execute runs one GraphQL request over HTTP.
-func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string) {
+// operation parses and validates a request; when it fails, it answers
+// and returns nil.
+func operation(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string) *graphql.OperationContext {
 	ctx := r.Context()
 	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
 	opCtx, errs := exec.CreateOperationContext(ctx, params)
@@ -169,6 +170,16 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 			status = http.StatusBadRequest
 		}
 		writeResponse(w, mt, status, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), errs))
+		return nil
+	}
+	return opCtx
+}
+
+// execute runs one GraphQL request over HTTP.
+func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string) {
+	ctx := r.Context()
+	opCtx := operation(w, r, exec, params, mt)
+	if opCtx == nil {
 		return
 	}
 	switch op := opCtx.Operation.Operation; {

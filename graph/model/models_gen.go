@@ -6,7 +6,27 @@ import (
 	"kami/domain"
 	"kami/providers"
 	"time"
+
+	"github.com/99designs/gqlgen/graphql"
 )
+
+type BatchConnection struct {
+	Edges    []*BatchEdge `json:"edges"`
+	PageInfo *PageInfo    `json:"pageInfo"`
+}
+
+type BatchEdge struct {
+	Cursor string        `json:"cursor"`
+	Node   *domain.Batch `json:"node"`
+}
+
+type BatchStock struct {
+	Unsold    int `json:"unsold"`
+	Locked    int `json:"locked"`
+	Sold      int `json:"sold"`
+	Recycled  int `json:"recycled"`
+	Withdrawn int `json:"withdrawn"`
+}
 
 type CardConnection struct {
 	Edges    []*CardEdge `json:"edges"`
@@ -39,11 +59,27 @@ type CreateOrderPayload struct {
 }
 
 type CreateProductInput struct {
-	Name        string  `json:"name"`
-	Description *string `json:"description,omitempty"`
-	Price       int64   `json:"price"`
-	Active      *bool   `json:"active,omitempty"`
-	MaxPerOrder *int    `json:"maxPerOrder,omitempty"`
+	Name              string  `json:"name"`
+	Description       *string `json:"description,omitempty"`
+	Price             int64   `json:"price"`
+	Active            *bool   `json:"active,omitempty"`
+	MaxPerOrder       *int    `json:"maxPerOrder,omitempty"`
+	CodePattern       *string `json:"codePattern,omitempty"`
+	CodeMinLength     *int    `json:"codeMinLength,omitempty"`
+	CodeMaxLength     *int    `json:"codeMaxLength,omitempty"`
+	LowStockThreshold *int    `json:"lowStockThreshold,omitempty"`
+}
+
+type ImportFileInput struct {
+	ProductID int64                `json:"productId"`
+	File      graphql.Upload       `json:"file"`
+	Format    *domain.ImportFormat `json:"format,omitempty"`
+	// The column holding the codes (CSV); matched to the header ignoring case.
+	CSVColumn *string `json:"csvColumn,omitempty"`
+	// Up to 255 bytes: the supplier, the invoice, ...
+	SupplierNote *string `json:"supplierNote,omitempty"`
+	// Check everything, change nothing: the report says what would happen.
+	DryRun *bool `json:"dryRun,omitempty"`
 }
 
 type Mutation struct {
@@ -78,9 +114,10 @@ type PageInfo struct {
 type ProductStock struct {
 	Product *domain.Product `json:"product"`
 	// UNSOLD + RECYCLED: what can be sold now.
-	Lockable int `json:"lockable"`
-	Locked   int `json:"locked"`
-	Sold     int `json:"sold"`
+	Lockable  int `json:"lockable"`
+	Locked    int `json:"locked"`
+	Sold      int `json:"sold"`
+	Withdrawn int `json:"withdrawn"`
 }
 
 type Query struct {
@@ -105,6 +142,21 @@ type RefundEdge struct {
 	Node   *domain.Refund `json:"node"`
 }
 
+type RefusalCount struct {
+	Reason domain.RefusalReason `json:"reason"`
+	Count  int                  `json:"count"`
+}
+
+type RevealConnection struct {
+	Edges    []*RevealEdge `json:"edges"`
+	PageInfo *PageInfo     `json:"pageInfo"`
+}
+
+type RevealEdge struct {
+	Cursor string         `json:"cursor"`
+	Node   *domain.Reveal `json:"node"`
+}
+
 type Stats struct {
 	Queues []*QueueStat `json:"queues"`
 	// Share of close attempts that closed or correctly skipped an order; null before any.
@@ -123,4 +175,9 @@ type UpdateProductInput struct {
 	Price       *int64  `json:"price,omitempty"`
 	Active      *bool   `json:"active,omitempty"`
 	MaxPerOrder *int    `json:"maxPerOrder,omitempty"`
+	// An empty string removes the pattern.
+	CodePattern       *string `json:"codePattern,omitempty"`
+	CodeMinLength     *int    `json:"codeMinLength,omitempty"`
+	CodeMaxLength     *int    `json:"codeMaxLength,omitempty"`
+	LowStockThreshold *int    `json:"lowStockThreshold,omitempty"`
 }
