@@ -253,6 +253,9 @@ func (l *Ledger) CreateProduct(ctx context.Context, in ProductInput, actor strin
 	if err := in.apply(p); err != nil {
 		return nil, err
 	}
+	// A new product has no cards: it is below its threshold, but its
+	// stock did not fall there. The alert is armed by the first import.
+	p.LowStockAlerted = p.LowStockThreshold > 0
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		p.ID = 0
 		if _, err := tx.NewInsert().Model(p).Exec(ctx); err != nil {
@@ -262,11 +265,6 @@ func (l *Ledger) CreateProduct(ctx context.Context, in ProductInput, actor strin
 	})
 	if err != nil {
 		return nil, err
-	}
-	if p.LowStockThreshold > 0 {
-		if err := l.CheckStockFell(ctx, p); err != nil {
-			return nil, err
-		}
 	}
 	return p, nil
 }

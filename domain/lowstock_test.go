@@ -14,6 +14,15 @@ import (
 	"kami/providers/sandbox"
 )
 
+func productNow(b *bundle, t testing.TB, id int64) *domain.Product {
+	t.Helper()
+	p, err := b.ledger.Product(b.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // shop is a Shop over the bundle's ledger with the sandbox provider and an
 // in-memory stock gate.
 func (b *bundle) shop(t testing.TB) *domain.Shop {
@@ -53,6 +62,26 @@ func TestLowStockAlert(t *testing.T) {
 			t.Fatalf("set threshold: %+v, %v", p, err)
 		}
 		alerts := func() int { return b.alerts.count("low_stock") }
+		// A new product with a threshold has no cards: no alert, and its
+		// first import arms it.
+		name := "New"
+		fresh, err := b.ledger.CreateProduct(b.ctx, domain.ProductInput{Name: &name, PriceFen: ptr(int64(100)), LowStockThreshold: ptr(1)}, "admin")
+		if err != nil || !fresh.LowStockAlerted || alerts() != 0 {
+			t.Fatalf("new product %+v, %v, %d alerts", fresh, err, alerts())
+		}
+		if _, err := s.ImportCards(b.ctx, fresh.ID, []string{"F1", "F2"}, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.ledger.Product(b.ctx, fresh.ID); got.LowStockAlerted {
+			t.Fatal("an import above the threshold left the alert raised")
+		}
+		b.buy(t, s, productNow(b, t, fresh.ID), 1)
+		if alerts() != 1 {
+			t.Fatalf("%d alerts after the new product fell to its threshold, want 1", alerts())
+		}
+		b.alerts.mu.Lock()
+		b.alerts.got = nil
+		b.alerts.mu.Unlock()
 		o1 := b.buy(t, s, p, 1) // 4 left
 		if alerts() != 0 {
 			t.Fatal("alerted above the threshold")
