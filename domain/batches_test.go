@@ -316,3 +316,63 @@ func (b *bundle) wantWithdrawn(t testing.TB, productID int64) {
 		t.Fatalf("product %d stock %+v, want its one card WITHDRAWN", productID, c)
 	}
 }
+
+// TestAuditBatches: the audit finds what a recall or a batch must never
+// leave: a withdrawn card of a batch never recalled, a card on sale in a
+// recalled batch, a batch whose count is not its cards', and the journal
+// out of step with withdrawn cards.
+func TestAuditBatches(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 0)
+		good, err := b.ledger.ImportCards(b.ctx, p.ID, []string{"A-1", "A-2"}, "admin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad, err := b.ledger.ImportCards(b.ctx, p.ID, []string{"B-1", "B-2"}, "admin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.ledger.RecallBatch(b.ctx, bad.Batch.ID, "bad", "admin"); err != nil {
+			t.Fatal(err)
+		}
+		b.mustAudit(t)
+		// Damage the books the ways the audit must catch, bypassing the ledger.
+		exec := func(q string, args ...any) {
+			t.Helper()
+			if _, err := db.ExecContext(b.ctx, q, args...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		exec("UPDATE card_stock SET status = 'WITHDRAWN' WHERE id = (SELECT MIN(id) FROM card_stock WHERE batch_id = ?)", good.Batch.ID)
+		exec("UPDATE card_stock SET status = 'UNSOLD' WHERE id = (SELECT MIN(id) FROM card_stock WHERE batch_id = ?)", bad.Batch.ID)
+		exec("UPDATE card_batch SET imported = 5 WHERE id = ?", good.Batch.ID)
+		// One more withdrawn than the journal knows.
+		exec("UPDATE card_stock SET status = 'WITHDRAWN' WHERE id = (SELECT MAX(id) FROM card_stock WHERE batch_id = ?)", good.Batch.ID)
+		vs, err := b.ledger.Audit(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, v := range vs {
+			got = append(got, v.Rule+" "+v.Subject)
+		}
+		sort.Strings(got)
+		for _, want := range []string{
+			"withdrawn_card card", // WITHDRAWN cards of an active batch, an UNSOLD card of a recalled one
+			fmt.Sprintf("card_batch batch %d", good.Batch.ID),
+			fmt.Sprintf("stock_flow product %d", p.ID),
+		} {
+			found := 0
+			for _, g := range got {
+				if strings.HasPrefix(g, want) {
+					found++
+				}
+			}
+			if found == 0 || (want == "withdrawn_card card" && found != 3) {
+				t.Errorf("audit %v: %d of %q", got, found, want)
+			}
+		}
+	})
+}
