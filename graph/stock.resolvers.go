@@ -83,6 +83,27 @@ func (r *mutationResolver) RecallBatch(ctx context.Context, id int64, reason str
 	return r.cfg.Shop.RecallBatch(ctx, id, reason, actor)
 }
 
+func (r *productResolver) CodeRule(ctx context.Context, obj *domain.Product) (*domain.CodeRule, error) {
+	if err := adminField(ctx, "codeRule"); err != nil {
+		return nil, err
+	}
+	return &obj.CodeRule, nil
+}
+
+func (r *productResolver) LowStockThreshold(ctx context.Context, obj *domain.Product) (*int, error) {
+	if err := adminField(ctx, "lowStockThreshold"); err != nil {
+		return nil, err
+	}
+	return &obj.LowStockThreshold, nil
+}
+
+func (r *productResolver) LowStock(ctx context.Context, obj *domain.Product) (*bool, error) {
+	if err := adminField(ctx, "lowStock"); err != nil {
+		return nil, err
+	}
+	return &obj.LowStockAlerted, nil
+}
+
 func (r *queryResolver) Batches(ctx context.Context, productID *int64, first *int, after *string) (*model.BatchConnection, error) {
 	if err := requireAdmin(ctx); err != nil {
 		return nil, err

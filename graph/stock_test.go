@@ -341,6 +341,18 @@ func TestRecallAPI(t *testing.T) {
 			// A refund of the order that got a bad code goes as before.
 			b.do(t, admin, `mutation($no: String!) { refundOrder(orderNo: $no, reason: "recalled batch") { status } }`,
 				map[string]any{"no": o.Order.OrderNo}).decode(t, &struct{}{})
+			// The rule and the threshold are the seller's: a buyer cannot read them.
+			var seen struct {
+				Product struct {
+					CodeRule          *struct{ Pattern *string }
+					LowStockThreshold *int
+				}
+			}
+			b.do(t, admin, `query($id: ID!) { product(id: $id) { codeRule { pattern } lowStockThreshold } }`, map[string]any{"id": id}).decode(t, &seen)
+			if seen.Product.CodeRule == nil || seen.Product.LowStockThreshold == nil {
+				t.Fatalf("admin view %+v", seen)
+			}
+			b.do(t, anon, `query($id: ID!) { product(id: $id) { codeRule { pattern } } }`, map[string]any{"id": id}).wantCode(t, domain.EFORBIDDEN)
 			// Rules: a pattern that is not a regular expression is refused.
 			b.do(t, admin, `mutation($id: ID!) { updateProduct(id: $id, input: {codePattern: "[A-Z"}) { id } }`,
 				map[string]any{"id": id}).wantCode(t, domain.EBADINPUT)

@@ -191,7 +191,7 @@ type ComplexityRoot struct {
 		CreatedAt         func(childComplexity int) int
 		Description       func(childComplexity int) int
 		ID                func(childComplexity int) int
-		LowStockAlerted   func(childComplexity int) int
+		LowStock          func(childComplexity int) int
 		LowStockThreshold func(childComplexity int) int
 		MaxPerOrder       func(childComplexity int) int
 		Name              func(childComplexity int) int
@@ -354,6 +354,10 @@ type OrderResolver interface {
 }
 type ProductResolver interface {
 	Stock(ctx context.Context, obj *domain.Product) (int, error)
+
+	CodeRule(ctx context.Context, obj *domain.Product) (*domain.CodeRule, error)
+	LowStockThreshold(ctx context.Context, obj *domain.Product) (*int, error)
+	LowStock(ctx context.Context, obj *domain.Product) (*bool, error)
 }
 type QueryResolver interface {
 	Products(ctx context.Context, all *bool) ([]*domain.Product, error)
@@ -1014,11 +1018,11 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Product.ID(childComplexity), true
 	case "Product.lowStock":
-		if e.ComplexityRoot.Product.LowStockAlerted == nil {
+		if e.ComplexityRoot.Product.LowStock == nil {
 			break
 		}
 
-		return e.ComplexityRoot.Product.LowStockAlerted(childComplexity), true
+		return e.ComplexityRoot.Product.LowStock(childComplexity), true
 	case "Product.lowStockThreshold":
 		if e.ComplexityRoot.Product.LowStockThreshold == nil {
 			break
@@ -1919,11 +1923,12 @@ type CodeRule {
 }
 
 extend type Product {
-  codeRule: CodeRule!
-  "A low_stock alert is raised when sellable cards fall to this; 0: never."
-  lowStockThreshold: Int!
-  "True from the low-stock alert until stock rises above the threshold again."
-  lowStock: Boolean!
+  "What every imported code must look like. Admins only (FORBIDDEN otherwise)."
+  codeRule: CodeRule
+  "A low_stock alert is raised when sellable cards fall to this; 0: never. Admins only."
+  lowStockThreshold: Int
+  "True from the low-stock alert until stock rises above the threshold again. Admins only."
+  lowStock: Boolean
 }
 
 extend input CreateProductInput {
@@ -5799,22 +5804,22 @@ func (ec *executionContext) _Product_codeRule(ctx context.Context, field graphql
 			return ec.fieldContext_Product_codeRule(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.CodeRule, nil
+			return ec.Resolvers.Product().CodeRule(ctx, obj)
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v domain.CodeRule) graphql.Marshaler {
-			return ec.marshalNCodeRule2kamiᚋdomainᚐCodeRule(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.CodeRule) graphql.Marshaler {
+			return ec.marshalOCodeRule2ᚖkamiᚋdomainᚐCodeRule(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Product_codeRule(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "Product",
 		Field:      field,
-		IsMethod:   false,
-		IsResolver: false,
+		IsMethod:   true,
+		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_CodeRule(ctx, field)
 		},
@@ -5831,18 +5836,18 @@ func (ec *executionContext) _Product_lowStockThreshold(ctx context.Context, fiel
 			return ec.fieldContext_Product_lowStockThreshold(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.LowStockThreshold, nil
+			return ec.Resolvers.Product().LowStockThreshold(ctx, obj)
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
-			return ec.marshalNInt2int(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *int) graphql.Marshaler {
+			return ec.marshalOInt2ᚖint(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Product_lowStockThreshold(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Product", field, false, false, "Int")
+	return graphql.NewScalarFieldContext("Product", field, true, true, "Int")
 }
 
 func (ec *executionContext) _Product_lowStock(ctx context.Context, field graphql.CollectedField, obj *domain.Product) (ret graphql.Marshaler) {
@@ -5854,18 +5859,18 @@ func (ec *executionContext) _Product_lowStock(ctx context.Context, field graphql
 			return ec.fieldContext_Product_lowStock(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.LowStockAlerted, nil
+			return ec.Resolvers.Product().LowStock(ctx, obj)
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
-			return ec.marshalNBoolean2bool(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *bool) graphql.Marshaler {
+			return ec.marshalOBoolean2ᚖbool(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Product_lowStock(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Product", field, false, false, "Boolean")
+	return graphql.NewScalarFieldContext("Product", field, true, true, "Boolean")
 }
 
 func (ec *executionContext) _ProductStock_product(ctx context.Context, field graphql.CollectedField, obj *model.ProductStock) (ret graphql.Marshaler) {
@@ -10152,20 +10157,23 @@ func (ec *executionContext) _Product(ctx context.Context, sel ast.SelectionSet, 
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "codeRule":
-			out.Values[i] = ec._Product_codeRule(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Product_codeRule(ctx, field, obj)
+				})
 		case "lowStockThreshold":
-			out.Values[i] = ec._Product_lowStockThreshold(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Product_lowStockThreshold(ctx, field, obj)
+				})
 		case "lowStock":
-			out.Values[i] = ec._Product_lowStock(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Product_lowStock(ctx, field, obj)
+				})
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -11408,10 +11416,6 @@ func (ec *executionContext) marshalNCardStatus2kamiᚋdomainᚐCardStatus(ctx co
 	return res
 }
 
-func (ec *executionContext) marshalNCodeRule2kamiᚋdomainᚐCodeRule(ctx context.Context, sel ast.SelectionSet, v domain.CodeRule) graphql.Marshaler {
-	return ec._CodeRule(ctx, sel, &v)
-}
-
 func (ec *executionContext) unmarshalNCreateOrderInput2kamiᚋgraphᚋmodelᚐCreateOrderInput(ctx context.Context, v any) (model.CreateOrderInput, error) {
 	res, err := ec.unmarshalInputCreateOrderInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -12152,6 +12156,13 @@ func (ec *executionContext) marshalOCardStatus2ᚖkamiᚋdomainᚐCardStatus(ctx
 	_ = ctx
 	res := graphql.MarshalString(string(*v))
 	return res
+}
+
+func (ec *executionContext) marshalOCodeRule2ᚖkamiᚋdomainᚐCodeRule(ctx context.Context, sel ast.SelectionSet, v *domain.CodeRule) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._CodeRule(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOFloat2ᚖfloat64(ctx context.Context, v any) (*float64, error) {
