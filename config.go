@@ -73,6 +73,9 @@ type Config struct {
 	// ProviderTimeout bounds each call to a payment gateway
 	// (KAMI_PROVIDER_TIMEOUT, default 10s).
 	ProviderTimeout time.Duration
+	// MaxUploadBytes bounds a file import's upload (KAMI_MAX_UPLOAD_BYTES,
+	// default 32 MiB); a larger one is refused before it is read whole.
+	MaxUploadBytes int64
 
 	// Workers tunes the queue workers; tests shorten its intervals.
 	Workers queue.Config
@@ -223,6 +226,9 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		bad("KAMI_TRUSTED_PROXY_HEADER", err.Error())
 	}
 	c.BodyReadTimeout, c.SubscriptionPoll = 10*time.Second, 5*time.Second
+	if c.MaxUploadBytes, err = byteSize(getenv("KAMI_MAX_UPLOAD_BYTES"), graph.DefaultMaxUploadBytes); err != nil || c.MaxUploadBytes < 1<<10 || c.MaxUploadBytes > 8<<30 {
+		bad("KAMI_MAX_UPLOAD_BYTES", "want a size from 1KiB to 8GiB, like 33554432, 32MiB or 512KiB")
+	}
 	if c.AlertWebhook != "" && !strings.HasPrefix(c.AlertWebhook, "https://") && !strings.HasPrefix(c.AlertWebhook, "http://") {
 		bad("KAMI_ALERT_WEBHOOK", "want an http(s) URL")
 	}
@@ -353,6 +359,26 @@ func flag(v string, def bool) (bool, error) {
 		return false, nil
 	}
 	return false, errors.New("not on or off")
+}
+
+// byteSize reads a size in bytes, with an optional KiB, MiB or GiB.
+func byteSize(v string, def int64) (int64, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return def, nil
+	}
+	unit := int64(1)
+	for suffix, u := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(v, suffix) {
+			v, unit = strings.TrimSpace(strings.TrimSuffix(v, suffix)), u
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/unit {
+		return 0, errors.New("not a size")
+	}
+	return n * unit, nil
 }
 
 func integer(v string, def int) (int, error) {

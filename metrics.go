@@ -182,6 +182,54 @@ func (m *metrics) watchGroups(l *domain.Ledger) {
 	}
 }
 
+// watchStock exports each product's stock, read from the ledger at scrape
+// time (a grouped count over the (product_id, status, id) index).
+func (m *metrics) watchStock(l *domain.Ledger) { m.reg.MustRegister(&stockCollector{ledger: l}) }
+
+var (
+	sellableDesc = prometheus.NewDesc("kami_stock_sellable",
+		"Cards of a product that can be sold now (UNSOLD + RECYCLED).", []string{"product"}, nil)
+	withdrawnDesc = prometheus.NewDesc("kami_stock_withdrawn",
+		"Cards of a product taken off sale by batch recalls.", []string{"product"}, nil)
+	lowStockDesc = prometheus.NewDesc("kami_stock_low",
+		"1 while a product's sellable cards are at or below its low-stock threshold (its alert was raised).", []string{"product"}, nil)
+	stockUpDesc = prometheus.NewDesc("kami_stock_up", "1 when the stock figures could be read from the database.", nil, nil)
+)
+
+type stockCollector struct{ ledger *domain.Ledger }
+
+func (c *stockCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- sellableDesc
+	ch <- withdrawnDesc
+	ch <- lowStockDesc
+	ch <- stockUpDesc
+}
+
+func (c *stockCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ps, err := c.ledger.Products(ctx, false)
+	var counts map[int64]domain.StockCount
+	if err == nil {
+		counts, err = c.ledger.StockCounts(ctx)
+	}
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(stockUpDesc, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(stockUpDesc, prometheus.GaugeValue, 1)
+	for _, p := range ps {
+		id := strconv.FormatInt(p.ID, 10)
+		low := 0.0
+		if p.LowStockAlerted {
+			low = 1
+		}
+		ch <- prometheus.MustNewConstMetric(sellableDesc, prometheus.GaugeValue, float64(counts[p.ID].Lockable), id)
+		ch <- prometheus.MustNewConstMetric(withdrawnDesc, prometheus.GaugeValue, float64(counts[p.ID].Withdrawn), id)
+		ch <- prometheus.MustNewConstMetric(lowStockDesc, prometheus.GaugeValue, low, id)
+	}
+}
+
 // queueCollector reads the delay queues' backlog at scrape time, so the
 // figures are never stale.
 type queueCollector struct {

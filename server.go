@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -293,6 +294,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 		return nil, err
 	}
 	a.metrics.watchGroups(a.ledger)
+	a.metrics.watchStock(a.ledger)
 	reg, sb, err := newProviders(cfg)
 	if err != nil {
 		return nil, err
@@ -427,11 +429,13 @@ const maxWebhookBody = 64 << 10
 
 func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/graphql", graph.NewHandler(graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
+	gcfg := graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
 		Reconciler: a.reconciler, Statements: a.statements,
-		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL,
+		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL, MaxUploadBytes: a.cfg.MaxUploadBytes,
 		ClientAddr: a.cfg.TrustedProxies.ClientAddr, DisableIntrospection: !a.cfg.Introspection,
-		MaxSubscriptionsPerConnection: a.cfg.MaxSubscriptionsPerConnection, MaxConnectionsPerAddress: a.cfg.MaxWebSocketsPerAddress}))
+		MaxSubscriptionsPerConnection: a.cfg.MaxSubscriptionsPerConnection, MaxConnectionsPerAddress: a.cfg.MaxWebSocketsPerAddress}
+	mux.Handle("/graphql", graph.NewHandler(gcfg))
+	mux.Handle("GET "+graph.ExportPath, graph.NewExportHandler(gcfg))
 	pg := playground.Handler("/graphql")
 	mux.Handle("GET /{$}", pg)
 	mux.Handle("GET "+playground.Prefix, pg)
@@ -456,29 +460,39 @@ func (a *app) routes(events *queue.Events) http.Handler {
 // body: a client announcing 100 KB and sending 10 bytes is cut off then
 // (the handler reads a timeout) instead of holding its connection open.
 // The deadline is lifted once the body has been read, so the handler's own
-// work is not cut short.
+// work is not cut short. A file upload (multipart, admins only: the
+// transport checks the token before it reads a byte) is read while it is
+// imported, for as long as the import takes: its deadline moves on with
+// every read that brings data, so only a stalled upload is cut.
 func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") == "" && r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+				mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, d: d, rolling: mt == "multipart/form-data"}
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// deadlineBody lifts the connection's read deadline at the end of the body.
+// deadlineBody lifts the connection's read deadline at the end of the body,
+// and with rolling moves it d past every read that brought data.
 type deadlineBody struct {
 	io.ReadCloser
-	rc *http.ResponseController
+	rc      *http.ResponseController
+	d       time.Duration
+	rolling bool
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if errors.Is(err, io.EOF) {
+	switch {
+	case errors.Is(err, io.EOF):
 		b.rc.SetReadDeadline(time.Time{})
+	case b.rolling && n > 0:
+		b.rc.SetReadDeadline(time.Now().Add(b.d))
 	}
 	return n, err
 }

@@ -29,8 +29,14 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Addr != ":8080" || c.OrderTTL != 15*time.Minute || c.RedisPrefix != "kami:" || c.LatePayment != domain.LateRefund ||
-		len(c.RefundBackoff) != 5 || c.RefundBackoff[0] != time.Minute || c.PublicURL != "http://localhost:8080" || !c.sandboxEnabled() {
+		len(c.RefundBackoff) != 5 || c.RefundBackoff[0] != time.Minute || c.PublicURL != "http://localhost:8080" || !c.sandboxEnabled() ||
+		c.MaxUploadBytes != 32<<20 {
 		t.Fatalf("defaults %+v", c)
+	}
+	for v, want := range map[string]int64{"1048576": 1 << 20, "512KiB": 512 << 10, "64 MiB": 64 << 20, "1GiB": 1 << 30} {
+		if c, err := loadConfig(env{"KAMI_MAX_UPLOAD_BYTES": v}.get); err != nil || c.MaxUploadBytes != want {
+			t.Errorf("KAMI_MAX_UPLOAD_BYTES=%s: %d, %v; want %d", v, c.MaxUploadBytes, err, want)
+		}
 	}
 }
 
@@ -39,7 +45,7 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 	for name, value := range map[string]string{
 		"KAMI_ORDER_TTL": "soon", "KAMI_REFUND_BACKOFF": "1m,never", "KAMI_LATE_PAYMENT": "maybe",
 		"KAMI_MAX_PENDING_PER_CONTACT": "-1", "KAMI_CARD_KEY": "short", "KAMI_LOG_FORMAT": "xml",
-		"KAMI_PUBLIC_URL": "ftp://x", "KAMI_MAX_QUANTITY": "0", "KAMI_STATEMENT_CRON": "at ten",
+		"KAMI_PUBLIC_URL": "ftp://x", "KAMI_MAX_QUANTITY": "0", "KAMI_STATEMENT_CRON": "at ten", "KAMI_MAX_UPLOAD_BYTES": "lots",
 	} {
 		_, err := loadConfig(env{name: value}.get)
 		if err == nil || !strings.Contains(err.Error(), name) {

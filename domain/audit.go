@@ -31,11 +31,17 @@ func (v Violation) String() string { return fmt.Sprintf("%s %s: %s", v.Rule, v.S
 //   - refund_per_payment: at most one refund per payment (order, trade, cause);
 //   - refunding_without_refund: a REFUNDING or REFUNDED order has a refund;
 //   - refunded_without_success: a REFUNDED order has a SUCCEEDED refund;
-//   - stock_flow: per product, the stock journal adds up to the card counts.
+//   - stock_flow: per product, the stock journal adds up to the card counts
+//     (withdrawals included);
+//   - card_batch: every card belongs to a batch of its own product, and a
+//     batch's imported count is the number of its cards;
+//   - withdrawn_card: a WITHDRAWN card's batch was recalled, and a recalled
+//     batch has no card on sale (UNSOLD or RECYCLED).
 func (l *Ledger) Audit(ctx context.Context) ([]Violation, error) {
 	var out []Violation
 	for _, check := range []func(context.Context, bun.IDB) ([]Violation, error){
 		auditLockedCards, auditPendingOrders, auditDeliveredOrders, auditSoldCards, auditRefunds, auditStockFlow,
+		auditBatches, auditWithdrawn,
 	} {
 		vs, err := check(ctx, l.db)
 		if err != nil {
@@ -201,7 +207,10 @@ func auditStockFlow(ctx context.Context, db bun.IDB) ([]Violation, error) {
 	if err != nil {
 		return nil, err
 	}
-	type tally struct{ imported, locked, sold, returned, lockable, lockedNow, soldNow int64 }
+	type tally struct {
+		imported, locked, sold, returned, withdrawn, withdrawnLocked int64 // the journal
+		lockable, lockedNow, soldNow, withdrawnNow                   int64 // the cards
+	}
 	by := map[int64]*tally{}
 	get := func(id int64) *tally {
 		if by[id] == nil {
@@ -220,24 +229,86 @@ func auditStockFlow(ctx context.Context, db bun.IDB) ([]Violation, error) {
 			t.sold += f.Total
 		case FlowReturn:
 			t.returned += f.Total
+		case FlowWithdraw:
+			t.withdrawn += f.Total
+		case FlowWithdrawLocked:
+			t.withdrawnLocked += f.Total
 		}
 	}
 	for id, c := range cards {
 		t := get(id)
-		t.lockable, t.lockedNow, t.soldNow = int64(c.Lockable), int64(c.Locked), int64(c.Sold)
+		t.lockable, t.lockedNow, t.soldNow, t.withdrawnNow = int64(c.Lockable), int64(c.Locked), int64(c.Sold), int64(c.Withdrawn)
 	}
 	var vs []Violation
 	for id, t := range by {
 		subject := fmt.Sprintf("product %d", id)
-		if want := t.imported - t.locked + t.returned; t.lockable != want {
+		if want := t.imported - t.locked + t.returned - t.withdrawn; t.lockable != want {
 			vs = append(vs, Violation{"stock_flow", subject, fmt.Sprintf("%d lockable cards, journal says %d", t.lockable, want)})
 		}
-		if want := t.locked - t.sold - t.returned; t.lockedNow != want {
+		if want := t.locked - t.sold - t.returned - t.withdrawnLocked; t.lockedNow != want {
 			vs = append(vs, Violation{"stock_flow", subject, fmt.Sprintf("%d LOCKED cards, journal says %d", t.lockedNow, want)})
 		}
 		if t.soldNow != t.sold {
 			vs = append(vs, Violation{"stock_flow", subject, fmt.Sprintf("%d SOLD cards, journal says %d", t.soldNow, t.sold)})
 		}
+		if want := t.withdrawn + t.withdrawnLocked; t.withdrawnNow != want {
+			vs = append(vs, Violation{"stock_flow", subject, fmt.Sprintf("%d WITHDRAWN cards, journal says %d", t.withdrawnNow, want)})
+		}
 	}
 	return vs, nil
+}
+
+func auditBatches(ctx context.Context, db bun.IDB) ([]Violation, error) {
+	var vs []Violation
+	var strays []struct {
+		ID      int64 `bun:"id"`
+		BatchID int64 `bun:"batch_id"`
+	}
+	if err := db.NewSelect().TableExpr("card_stock AS c").ColumnExpr("c.id, c.batch_id").
+		Where("NOT EXISTS (SELECT 1 FROM card_batch AS b WHERE b.id = c.batch_id AND b.product_id = c.product_id)").
+		Limit(auditLimit).Scan(ctx, &strays); err != nil {
+		return nil, err
+	}
+	for _, r := range strays {
+		vs = append(vs, Violation{"card_batch", fmt.Sprintf("card %d", r.ID),
+			fmt.Sprintf("batch %d does not exist or is another product's", r.BatchID)})
+	}
+	var counts []struct {
+		ID       int64 `bun:"id"`
+		Imported int   `bun:"imported"`
+		N        int   `bun:"n"`
+	}
+	if err := db.NewSelect().TableExpr("card_batch AS b").
+		Join("LEFT JOIN card_stock AS c ON c.batch_id = b.id").
+		ColumnExpr("b.id, b.imported, COUNT(c.id) AS n").GroupExpr("b.id, b.imported").
+		Having("COUNT(c.id) <> b.imported").Limit(auditLimit).Scan(ctx, &counts); err != nil {
+		return nil, err
+	}
+	for _, r := range counts {
+		vs = append(vs, Violation{"card_batch", fmt.Sprintf("batch %d", r.ID),
+			fmt.Sprintf("imported %d cards but has %d", r.Imported, r.N)})
+	}
+	return vs, nil
+}
+
+func auditWithdrawn(ctx context.Context, db bun.IDB) ([]Violation, error) {
+	var rows []struct {
+		ID      int64      `bun:"id"`
+		Status  CardStatus `bun:"status"`
+		BatchID int64      `bun:"batch_id"`
+	}
+	err := db.NewSelect().TableExpr("card_stock AS c").Join("JOIN card_batch AS b ON b.id = c.batch_id").
+		ColumnExpr("c.id, c.status, c.batch_id").
+		Where("(c.status = ? AND b.status <> ?) OR (c.status IN (?) AND b.status = ?)",
+			CardWithdrawn, BatchRecalled, bun.In(CardWithdraw.From), BatchRecalled).
+		Limit(auditLimit).Scan(ctx, &rows)
+	var vs []Violation
+	for _, r := range rows {
+		detail := fmt.Sprintf("WITHDRAWN but batch %d was never recalled", r.BatchID)
+		if r.Status != CardWithdrawn {
+			detail = fmt.Sprintf("%s (on sale) but batch %d was recalled", r.Status, r.BatchID)
+		}
+		vs = append(vs, Violation{"withdrawn_card", fmt.Sprintf("card %d", r.ID), detail})
+	}
+	return vs, err
 }

@@ -222,6 +222,19 @@ func forUpdateSkipLocked(q *bun.SelectQuery) *bun.SelectQuery {
 	return q.For("UPDATE SKIP LOCKED")
 }
 
+// shareLock is the clause that ends a SELECT to share-lock its rows until
+// the transaction ends: others may read and share-lock them too, but not
+// update them. SQLite needs none (one writer).
+func shareLock(db bun.IDB) string {
+	switch dialectName(db) {
+	case dialect.PG:
+		return "FOR SHARE"
+	case dialect.MySQL:
+		return "LOCK IN SHARE MODE" // MariaDB has no FOR SHARE
+	}
+	return ""
+}
+
 // timeParam is a placeholder for a time inside an expression (a CASE arm),
 // where the database cannot infer the column's type from the literal bun
 // writes: PostgreSQL would take it for text.

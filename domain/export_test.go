@@ -8,13 +8,19 @@ import (
 )
 
 // ApplyForTest applies t to the row whose key is key (order_no, refund_no,
-// or for cards the order_no they carry), for the transition table test.
+// for cards the order_no they carry, for batches their supplier note), for
+// the transition table test.
 func ApplyForTest(ctx context.Context, db bun.IDB, t Transition, key string) (int64, error) {
 	where := whereOrderNo(truncate(key, 32))
-	if t.Table == tableRefunds {
+	var cols []column
+	switch t.Table {
+	case tableRefunds:
 		where = whereRefundNo(key)
+	case tableBatches:
+		where = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("supplier_note = ?", key) }
+		cols = append(cols, col("recalled_at = ?", time.Now().UTC())) // the schema wants a RECALLED batch's time
 	}
-	return apply(ctx, db, t, time.Now().UTC(), where)
+	return apply(ctx, db, t, time.Now().UTC(), where, cols...)
 }
 
 // PlaceBatchForTest places ins as one batch, as the batcher would when

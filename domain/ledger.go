@@ -181,7 +181,18 @@ type ProductInput struct {
 	PriceFen    *int64
 	Active      *bool
 	MaxPerOrder *int
+	// The code format rule: a pattern ("" removes it) and a length range
+	// (0: no bound). See CodeRule.
+	CodePattern *string
+	CodeMinLen  *int
+	CodeMaxLen  *int
+	// LowStockThreshold alerts when sellable cards fall to it; 0: never.
+	LowStockThreshold *int
 }
+
+// MaxLowStockThreshold bounds a product's low-stock threshold, and with it
+// the index entries a low-stock check reads.
+const MaxLowStockThreshold = 100_000
 
 func (in ProductInput) validate(create bool) error {
 	if create && (in.Name == nil || in.PriceFen == nil) {
@@ -199,7 +210,43 @@ func (in ProductInput) validate(create bool) error {
 	if in.MaxPerOrder != nil && (*in.MaxPerOrder < 0 || *in.MaxPerOrder > maxProductMaxPerOrder) {
 		return Errorf(EBADINPUT, "maxPerOrder must be 0 (the shop default) to %d", maxProductMaxPerOrder)
 	}
+	if in.LowStockThreshold != nil && (*in.LowStockThreshold < 0 || *in.LowStockThreshold > MaxLowStockThreshold) {
+		return Errorf(EBADINPUT, "lowStockThreshold must be 0 (no alert) to %d", MaxLowStockThreshold)
+	}
 	return nil
+}
+
+// apply sets the fields in gives on p, then checks p's code rule as a
+// whole (a new minimum against the maximum it keeps, say).
+func (in ProductInput) apply(p *Product) error {
+	if in.Name != nil {
+		p.Name = strings.TrimSpace(*in.Name)
+	}
+	if in.Description != nil {
+		p.Description = *in.Description
+	}
+	if in.PriceFen != nil {
+		p.PriceFen = *in.PriceFen
+	}
+	if in.Active != nil {
+		p.Active = *in.Active
+	}
+	if in.MaxPerOrder != nil {
+		p.MaxPerOrder = *in.MaxPerOrder
+	}
+	if in.CodePattern != nil {
+		p.CodeRule.Pattern = *in.CodePattern
+	}
+	if in.CodeMinLen != nil {
+		p.CodeRule.MinLen = *in.CodeMinLen
+	}
+	if in.CodeMaxLen != nil {
+		p.CodeRule.MaxLen = *in.CodeMaxLen
+	}
+	if in.LowStockThreshold != nil {
+		p.LowStockThreshold = *in.LowStockThreshold
+	}
+	return p.CodeRule.Validate()
 }
 
 // CreateProduct adds a product. BAD_INPUT for a missing name or price.
@@ -208,16 +255,13 @@ func (l *Ledger) CreateProduct(ctx context.Context, in ProductInput, actor strin
 		return nil, err
 	}
 	now := l.now()
-	p := &Product{Name: strings.TrimSpace(*in.Name), PriceFen: *in.PriceFen, Active: true, CreatedAt: now, UpdatedAt: now}
-	if in.Description != nil {
-		p.Description = *in.Description
+	p := &Product{Active: true, CreatedAt: now, UpdatedAt: now}
+	if err := in.apply(p); err != nil {
+		return nil, err
 	}
-	if in.Active != nil {
-		p.Active = *in.Active
-	}
-	if in.MaxPerOrder != nil {
-		p.MaxPerOrder = *in.MaxPerOrder
-	}
+	// A new product has no cards: it is below its threshold, but its
+	// stock did not fall there. The alert is armed by the first import.
+	p.LowStockAlerted = p.LowStockThreshold > 0
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		p.ID = 0
 		if _, err := tx.NewInsert().Model(p).Exec(ctx); err != nil {
@@ -241,20 +285,8 @@ func (l *Ledger) UpdateProduct(ctx context.Context, id int64, in ProductInput, a
 		if err := forUpdate(tx.NewSelect().Model(&p).Where("id = ?", id)).Scan(ctx); err != nil {
 			return notFound(err, "product %d not found", id)
 		}
-		if in.Name != nil {
-			p.Name = strings.TrimSpace(*in.Name)
-		}
-		if in.Description != nil {
-			p.Description = *in.Description
-		}
-		if in.PriceFen != nil {
-			p.PriceFen = *in.PriceFen
-		}
-		if in.Active != nil {
-			p.Active = *in.Active
-		}
-		if in.MaxPerOrder != nil {
-			p.MaxPerOrder = *in.MaxPerOrder
+		if err := in.apply(&p); err != nil {
+			return err
 		}
 		p.UpdatedAt = l.now()
 		if _, err := tx.NewUpdate().Model(&p).WherePK().Exec(ctx); err != nil {
@@ -264,6 +296,13 @@ func (l *Ledger) UpdateProduct(ctx context.Context, id int64, in ProductInput, a
 	})
 	if err != nil {
 		return nil, err
+	}
+	if in.LowStockThreshold != nil {
+		// A new threshold may put the stock above or below it right now.
+		if err := l.checkStock(ctx, id); err != nil {
+			return nil, err
+		}
+		return l.Product(ctx, id)
 	}
 	return &p, nil
 }
@@ -296,6 +335,7 @@ type StockCount struct {
 	Lockable  int // UNSOLD + RECYCLED: what can be sold now
 	Locked    int
 	Sold      int
+	Withdrawn int // taken off sale by a recall
 }
 
 // StockCounts returns the card counts of the given products (all products
@@ -331,6 +371,8 @@ func stockCounts(ctx context.Context, db bun.IDB, ids ...int64) (map[int64]Stock
 			c.Locked += r.N
 		case CardSold:
 			c.Sold += r.N
+		case CardWithdrawn:
+			c.Withdrawn += r.N
 		}
 		out[r.ProductID] = c
 	}
@@ -345,15 +387,18 @@ const (
 	MaxCodesPerCall = 10_000
 )
 
-// ImportResult reports an import.
+// ImportResult reports an import of a list of codes.
 type ImportResult struct {
 	Imported   int
-	Duplicates int // already in the product, or twice in this call
+	Duplicates int // already in the product (or ever were), or twice in this call
+	Batch      *Batch
 }
 
-// ImportCards seals codes and adds them to a product as UNSOLD, skipping the
-// codes the product already has. NOT_FOUND, BAD_INPUT (empty or oversized
-// code, too many codes): then nothing is imported.
+// ImportCards seals codes and adds them to a product as UNSOLD, in a new
+// batch, skipping the codes the product has or ever had. NOT_FOUND,
+// BAD_INPUT (an empty, oversized or malformed code, one that breaks the
+// product's format rule, too many codes): then nothing is imported.
+// ImportFile is the same for a file, with refused lines reported instead.
 func (l *Ledger) ImportCards(ctx context.Context, productID int64, codes []string, actor string) (ImportResult, error) {
 	if len(codes) == 0 {
 		return ImportResult{}, Errorf(EBADINPUT, "no codes given")
@@ -361,80 +406,31 @@ func (l *Ledger) ImportCards(ctx context.Context, productID int64, codes []strin
 	if len(codes) > MaxCodesPerCall {
 		return ImportResult{}, Errorf(EBADINPUT, "at most %d codes per import", MaxCodesPerCall)
 	}
-	type item struct{ code, hash string }
-	items := make([]item, 0, len(codes))
-	seen := make(map[string]bool, len(codes))
-	dups := 0
+	p, err := l.Product(ctx, productID)
+	if err != nil {
+		return ImportResult{}, err
+	}
+	rule, err := p.CodeRule.compile()
+	if err != nil {
+		return ImportResult{}, err
+	}
 	for i, raw := range codes {
-		code := strings.TrimSpace(raw)
-		if code == "" {
-			return ImportResult{}, Errorf(EBADINPUT, "code #%d is empty", i+1)
+		if !utf8.ValidString(raw) {
+			return ImportResult{}, Errorf(EBADINPUT, "code #%d is not UTF-8", i+1)
 		}
-		if len(code) > MaxCodeBytes {
-			return ImportResult{}, Errorf(EBADINPUT, "code #%d is longer than %d bytes", i+1, MaxCodeBytes)
+		if reason, msg := rule.check(strings.TrimSpace(raw)); reason != "" {
+			return ImportResult{}, Errorf(EBADINPUT, "code #%d is refused (%s): %s", i+1, reason, msg)
 		}
-		if !utf8.ValidString(code) || strings.ContainsFunc(code, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			return ImportResult{}, Errorf(EBADINPUT, "code #%d has control characters or is not UTF-8", i+1)
-		}
-		h := l.sealer.CodeHash(productID, code)
-		if seen[h] {
-			dups++
-			continue
-		}
-		seen[h] = true
-		items = append(items, item{code, h})
 	}
 	var res ImportResult
-	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
-		res = ImportResult{Duplicates: dups}
-		var p Product
-		// Locking the product serialises imports into one product, so two
-		// imports of the same code cannot both pass the duplicate check.
-		if err := forUpdate(tx.NewSelect().Model(&p).Where("id = ?", productID)).Scan(ctx); err != nil {
-			return notFound(err, "product %d not found", productID)
+	err = l.importTx(ctx, productID, func(ctx context.Context, tx bun.Tx) error {
+		b := &Batch{ProductID: productID, Source: BatchFromList}
+		rep, err := l.importCodes(ctx, tx, b, rule, &sliceLines{codes: codes}, false, actor)
+		if err != nil {
+			return err
 		}
-		now := l.now()
-		const chunk = 500
-		for start := 0; start < len(items); start += chunk {
-			part := items[start:min(start+chunk, len(items))]
-			hashes := make([]string, len(part))
-			for i, it := range part {
-				hashes[i] = it.hash
-			}
-			var existing []string
-			if err := tx.NewSelect().Table("card_stock").Column("code_hash").
-				Where("product_id = ?", productID).Where("code_hash IN (?)", bun.List(hashes)).
-				Scan(ctx, &existing); err != nil {
-				return err
-			}
-			have := make(map[string]bool, len(existing))
-			for _, h := range existing {
-				have[h] = true
-			}
-			cards := make([]Card, 0, len(part))
-			for _, it := range part {
-				if have[it.hash] {
-					res.Duplicates++
-					continue
-				}
-				cards = append(cards, Card{ProductID: productID, CodeEnc: l.sealer.Seal(productID, it.code),
-					CodeHash: it.hash, Status: CardUnsold, CreatedAt: now, UpdatedAt: now})
-			}
-			if len(cards) == 0 {
-				continue
-			}
-			if _, err := tx.NewInsert().Model(&cards).Exec(ctx); err != nil {
-				return err
-			}
-			res.Imported += len(cards)
-		}
-		if res.Imported > 0 {
-			if err := writeFlow(ctx, tx, now, StockFlow{ProductID: productID, ChangeType: FlowImport, Quantity: res.Imported}); err != nil {
-				return err
-			}
-		}
-		return audit(ctx, tx, now, actor, "cards.import", fmt.Sprint(productID),
-			fmt.Sprintf("imported=%d duplicates=%d", res.Imported, res.Duplicates))
+		res = ImportResult{Imported: rep.Imported, Duplicates: rep.Duplicates, Batch: rep.Batch}
+		return nil
 	})
 	if err != nil {
 		return ImportResult{}, err

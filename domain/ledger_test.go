@@ -21,11 +21,12 @@ func TestTransitionTable(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
 		b := setup(t, db, domain.Config{})
-		p := b.product(t, 100, 0)
+		p := b.product(t, 100, 1) // and a batch for the cards below
 		statuses := map[string][]string{
 			"orders":       {"PENDING", "PAID", "REFUNDING", "REFUNDED", "CLOSED"},
-			"card_stock":   {"UNSOLD", "LOCKED", "SOLD", "RECYCLED"},
+			"card_stock":   {"UNSOLD", "LOCKED", "SOLD", "RECYCLED", "WITHDRAWN"},
 			"refund_order": {"PROCESSING", "SUCCEEDED", "FAILED"},
+			"card_batch":   {"ACTIVE", "RECALLED"},
 		}
 		for _, tr := range domain.Transitions {
 			for _, from := range statuses[tr.Table] {
@@ -79,10 +80,21 @@ func tryInsertRow(b *bundle, table, key, status string, productID int64) error {
 		}
 		_, err = b.db.NewInsert().Model(o).Exec(b.ctx)
 	case "card_stock":
-		c := &domain.Card{ProductID: productID, CodeEnc: []byte("x"), CodeHash: fmt.Sprintf("%064x", len(key)*7919+int(key[len(key)-1])) + "", Status: domain.CardStatus(status),
+		var batchID int64
+		if err := b.db.NewSelect().Table("card_batch").ColumnExpr("MIN(id)").Where("product_id = ?", productID).Scan(b.ctx, &batchID); err != nil {
+			return err
+		}
+		c := &domain.Card{ProductID: productID, BatchID: batchID, CodeEnc: []byte("x"), Status: domain.CardStatus(status),
 			OrderNo: key[:min(len(key), 32)], CreatedAt: now, UpdatedAt: now}
 		c.CodeHash = fmt.Sprintf("%064s", strings.ReplaceAll(key, "-", ""))[:64]
 		_, err = b.db.NewInsert().Model(c).Exec(b.ctx)
+	case "card_batch":
+		bt := &domain.Batch{ProductID: productID, Source: domain.BatchFromList, Status: domain.BatchStatus(status),
+			SupplierNote: key, Actor: "test", CreatedAt: now, UpdatedAt: now}
+		if status == "RECALLED" {
+			bt.RecalledAt = now
+		}
+		_, err = b.db.NewInsert().Model(bt).Exec(b.ctx)
 	case "refund_order":
 		r := &domain.Refund{RefundNo: key, OrderNo: "o", Provider: "sandbox", TradeNo: "t", Cause: domain.CauseAdmin,
 			AmountFen: 1, PaidFen: 1, Status: domain.RefundStatus(status), CreatedAt: now, UpdatedAt: now}

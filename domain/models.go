@@ -16,9 +16,16 @@ type Product struct {
 	PriceFen    int64  `bun:"price_fen"`
 	Active      bool   `bun:"active"`
 	// MaxPerOrder caps one order's quantity; 0 means the shop's default.
-	MaxPerOrder int       `bun:"max_per_order"`
-	CreatedAt   time.Time `bun:"created_at"`
-	UpdatedAt   time.Time `bun:"updated_at"`
+	MaxPerOrder int `bun:"max_per_order"`
+	// CodeRule is the format every imported code must have (empty: any).
+	CodeRule
+	// LowStockThreshold raises a low_stock alert when the sellable cards
+	// fall to it (0: never). LowStockAlerted is set while stock is at or
+	// below it, so each crossing alerts once (see lowstock.go).
+	LowStockThreshold int       `bun:"low_stock_threshold"`
+	LowStockAlerted   bool      `bun:"low_stock_alerted"`
+	CreatedAt         time.Time `bun:"created_at"`
+	UpdatedAt         time.Time `bun:"updated_at"`
 }
 
 // Card is one redeem code. CodeEnc is the code sealed with AES-256-GCM;
@@ -30,6 +37,7 @@ type Card struct {
 	ProductID int64      `bun:"product_id"`
 	CodeEnc   []byte     `bun:"code_enc"`
 	CodeHash  string     `bun:"code_hash"`
+	BatchID   int64      `bun:"batch_id"` // the supplier batch it was imported with
 	Status    CardStatus `bun:"status"`
 	// OrderNo is the order that locked the card last; it stays on a
 	// RECYCLED card so a late payment can find its own cards again.
@@ -122,6 +130,10 @@ const (
 	// kept so the numbering matches the article's.
 	FlowRefundReturn FlowType = 4
 	FlowImport       FlowType = 5 // cards imported by the seller
+	FlowWithdraw     FlowType = 6 // lockable cards of a recalled batch taken off sale
+	// FlowWithdrawLocked is a recalled batch's card withdrawn when the order
+	// that held it closed, instead of going back on sale.
+	FlowWithdrawLocked FlowType = 7
 )
 
 // StockFlow is one entry of the stock journal. Summed per product it must

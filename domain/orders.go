@@ -498,7 +498,10 @@ type CloseResult struct {
 	ProductID int64
 	// Released is how many cards went back on sale; the caller gives that
 	// many back to the stock gate.
-	Released  int
+	Released int
+	// Withdrawn is how many of its cards were not recycled but withdrawn:
+	// their batch was recalled.
+	Withdrawn int
 	ExpiresAt time.Time
 	// Inconsistent is set when the order did not hold Quantity locked
 	// cards; it was closed all the same and an alert was raised.
@@ -509,7 +512,8 @@ type CloseResult struct {
 // whether by the close worker, a buyer's cancel or the nightly
 // reconciliation, goes through here. One transaction for the whole batch:
 // PENDING → CLOSED (for CloseTimeout only once expires_at has passed), its
-// LOCKED cards → RECYCLED, one stock journal entry (type 3) per order.
+// LOCKED cards → RECYCLED (→ WITHDRAWN for a card of a recalled batch),
+// one stock journal entry (type 3, or 7 for withdrawn cards) per order.
 // Orders already moved on are skipped, so running a batch twice is harmless.
 func (l *Ledger) CloseOrders(ctx context.Context, orderNos []string, reason CloseReason) ([]CloseResult, error) {
 	return l.closeDueBy(ctx, orderNos, reason, time.Time{})
@@ -582,41 +586,26 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	if n != int64(len(closing)) {
 		return nil, nil, errRetry
 	}
-	var locked []struct {
-		OrderNo string `bun:"order_no"`
-		N       int    `bun:"n"`
-	}
-	if err := tx.NewSelect().Table("card_stock").Column("order_no").ColumnExpr("COUNT(*) AS n").
-		Where("order_no IN (?)", bun.List(closing)).Where("status = ?", CardLocked).
-		Group("order_no").Scan(ctx, &locked); err != nil {
-		return nil, nil, err
-	}
-	lockedBy := make(map[string]int, len(locked))
-	total := 0
-	for _, r := range locked {
-		lockedBy[r.OrderNo] = r.N
-		total += r.N
-	}
-	recycled, err := apply(ctx, tx, CardRecycle, now, whereOrderNos(closing))
+	recycledBy, withdrawnBy, err := releaseLocked(ctx, tx, closing, now)
 	if err != nil {
 		return nil, nil, err
-	}
-	if recycled != int64(total) {
-		return nil, nil, errRetry
 	}
 	var flows []StockFlow
 	var alerts []Alert
 	for _, no := range closing {
 		o := byNo[no]
 		r := CloseResult{OrderNo: no, Outcome: Closed, Status: OrderClosed, ProductID: o.ProductID,
-			Released: lockedBy[no], ExpiresAt: o.ExpiresAt}
-		if r.Released != o.Quantity {
+			Released: recycledBy[no], Withdrawn: withdrawnBy[no], ExpiresAt: o.ExpiresAt}
+		if held := r.Released + r.Withdrawn; held != o.Quantity {
 			r.Inconsistent = true
 			alerts = append(alerts, Alert{Kind: "inconsistency", Subject: no,
-				Message: fmt.Sprintf("closed order held %d locked cards, want %d", r.Released, o.Quantity)})
+				Message: fmt.Sprintf("closed order held %d locked cards, want %d", held, o.Quantity)})
 		}
 		if r.Released > 0 {
 			flows = append(flows, StockFlow{ProductID: o.ProductID, OrderNo: no, ChangeType: FlowReturn, Quantity: r.Released})
+		}
+		if r.Withdrawn > 0 {
+			flows = append(flows, StockFlow{ProductID: o.ProductID, OrderNo: no, ChangeType: FlowWithdrawLocked, Quantity: r.Withdrawn})
 		}
 		results = append(results, r)
 	}
@@ -625,6 +614,83 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })
 	return results, alerts, nil
+}
+
+// releaseLocked frees the LOCKED cards of orders being closed: back on
+// sale (RECYCLED), or WITHDRAWN where their batch was recalled. It returns
+// how many of each per order.
+//
+// The batch rows are share-locked before the cards move: a recall updates
+// its batch row first, so it either committed before (the batch reads
+// RECALLED here and its cards are withdrawn) or waits until this
+// transaction commits (and then finds the cards RECYCLED, which it
+// withdraws). Without the lock a recall committing between this read and
+// the recycle would leave a recalled card on sale.
+func releaseLocked(ctx context.Context, tx bun.Tx, orderNos []string, now time.Time) (recycled, withdrawn map[string]int, err error) {
+	var locked []struct {
+		OrderNo string `bun:"order_no"`
+		BatchID int64  `bun:"batch_id"`
+		N       int    `bun:"n"`
+	}
+	if err := tx.NewSelect().Table("card_stock").Column("order_no", "batch_id").ColumnExpr("COUNT(*) AS n").
+		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", CardLocked).
+		Group("order_no", "batch_id").Scan(ctx, &locked); err != nil {
+		return nil, nil, err
+	}
+	batchIDs := map[int64]bool{}
+	for _, r := range locked {
+		batchIDs[r.BatchID] = true
+	}
+	var batches []struct {
+		ID     int64       `bun:"id"`
+		Status BatchStatus `bun:"status"`
+	}
+	if len(batchIDs) > 0 {
+		if err := tx.NewRaw("SELECT id, status FROM card_batch WHERE id IN (?) ORDER BY id "+shareLock(tx),
+			bun.In(sortedKeys(batchIDs))).Scan(ctx, &batches); err != nil {
+			return nil, nil, err
+		}
+	}
+	var recalled []int64
+	for _, b := range batches {
+		if b.Status == BatchRecalled {
+			recalled = append(recalled, b.ID)
+		}
+	}
+	isRecalled := make(map[int64]bool, len(recalled))
+	for _, id := range recalled {
+		isRecalled[id] = true
+	}
+	recycled, withdrawn = map[string]int{}, map[string]int{}
+	var toRecycle, toWithdraw int64
+	for _, r := range locked {
+		if isRecalled[r.BatchID] {
+			withdrawn[r.OrderNo] += r.N
+			toWithdraw += int64(r.N)
+		} else {
+			recycled[r.OrderNo] += r.N
+			toRecycle += int64(r.N)
+		}
+	}
+	if toWithdraw > 0 {
+		n, err := apply(ctx, tx, CardWithdrawLocked, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			return whereOrderNos(orderNos)(q).Where("batch_id IN (?)", bun.In(recalled))
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		if n != toWithdraw {
+			return nil, nil, errRetry
+		}
+	}
+	n, err := apply(ctx, tx, CardRecycle, now, whereOrderNos(orderNos))
+	if err != nil {
+		return nil, nil, err
+	}
+	if n != toRecycle {
+		return nil, nil, errRetry
+	}
+	return recycled, withdrawn, nil
 }
 
 // CancelOrder closes a PENDING order for its buyer now, through the one

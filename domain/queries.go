@@ -54,6 +54,23 @@ func clampLimit(limit int) (int, error) {
 	return limit, nil
 }
 
+// idPage reads one page of q's model, newest first by id, after the row
+// afterID (0: from the newest), into rows: at most limit rows, and whether
+// there are more. The scan is the caller's index, then the primary key.
+func idPage[T any](ctx context.Context, q *bun.SelectQuery, rows *[]T, afterID int64, limit int) (bool, error) {
+	if afterID > 0 {
+		q = q.Where("?TableAlias.id < ?", afterID)
+	}
+	if err := q.OrderExpr("?TableAlias.id DESC").Limit(int64(limit + 1)).Scan(ctx); err != nil {
+		return false, err
+	}
+	if len(*rows) > limit {
+		*rows = (*rows)[:limit]
+		return true, nil
+	}
+	return false, nil
+}
+
 // afterKeyset continues a (created_at DESC, id DESC) list after k.
 func afterKeyset(q *bun.SelectQuery, k Keyset) *bun.SelectQuery {
 	if k.IsZero() {
@@ -109,37 +126,41 @@ type CardPage struct {
 	HasNext bool
 }
 
+// CardFilter selects cards for the admin list. Zero fields select all.
+type CardFilter struct {
+	ProductID int64
+	BatchID   int64
+	Status    CardStatus
+}
+
 // ListCards pages through cards by id descending, after the card with id
-// afterID (0: from the newest). productID and status filter when non-zero;
-// with a product the (product_id, status, id) index serves the scan.
+// afterID (0: from the newest). With a product the (product_id, status,
+// id) index serves the scan, with a batch the (batch_id, status, id) one.
 // BAD_INPUT for a bad page size or status.
-func (l *Ledger) ListCards(ctx context.Context, productID int64, status CardStatus, afterID int64, limit int) (*CardPage, error) {
+func (l *Ledger) ListCards(ctx context.Context, f CardFilter, afterID int64, limit int) (*CardPage, error) {
 	limit, err := clampLimit(limit)
 	if err != nil {
 		return nil, err
 	}
-	if status != "" && !slices.Contains(CardStatuses, status) {
-		return nil, Errorf(EBADINPUT, "unknown card status %q", status)
+	if f.Status != "" && !slices.Contains(CardStatuses, f.Status) {
+		return nil, Errorf(EBADINPUT, "unknown card status %q", f.Status)
 	}
 	var cs []Card
 	q := l.db.NewSelect().Model(&cs)
-	if productID != 0 {
-		q = q.Where("product_id = ?", productID)
+	if f.ProductID != 0 {
+		q = q.Where("product_id = ?", f.ProductID)
 	}
-	if status != "" {
-		q = q.Where("status = ?", status)
+	if f.BatchID != 0 {
+		q = q.Where("batch_id = ?", f.BatchID)
 	}
-	if afterID > 0 {
-		q = q.Where("id < ?", afterID)
+	if f.Status != "" {
+		q = q.Where("status = ?", f.Status)
 	}
-	if err := q.OrderExpr("id DESC").Limit(int64(limit + 1)).Scan(ctx); err != nil {
+	hasNext, err := idPage(ctx, q, &cs, afterID, limit)
+	if err != nil {
 		return nil, err
 	}
-	page := &CardPage{Cards: cs}
-	if len(cs) > limit {
-		page.Cards, page.HasNext = cs[:limit], true
-	}
-	return page, nil
+	return &CardPage{Cards: cs, HasNext: hasNext}, nil
 }
 
 // CardCode opens a card's code. Callers must have checked the caller is an

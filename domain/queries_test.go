@@ -115,7 +115,7 @@ func TestQueriesCardsRefundsAndLoaders(t *testing.T) {
 		var ids []int64
 		var after int64
 		for {
-			page, err := b.ledger.ListCards(b.ctx, p1.ID, "", after, 2)
+			page, err := b.ledger.ListCards(b.ctx, domain.CardFilter{ProductID: p1.ID}, after, 2)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +133,7 @@ func TestQueriesCardsRefundsAndLoaders(t *testing.T) {
 		if len(ids) != 5 || !slices.IsSortedFunc(ids, func(a, b int64) int { return int(b - a) }) {
 			t.Fatalf("card ids %v: want 5, newest first", ids)
 		}
-		sold, err := b.ledger.ListCards(b.ctx, p1.ID, domain.CardSold, 0, 10)
+		sold, err := b.ledger.ListCards(b.ctx, domain.CardFilter{ProductID: p1.ID, Status: domain.CardSold}, 0, 10)
 		if err != nil || len(sold.Cards) != 2 {
 			t.Fatalf("sold cards: %+v, %v", sold, err)
 		}
@@ -141,11 +141,11 @@ func TestQueriesCardsRefundsAndLoaders(t *testing.T) {
 		if err != nil || code != codeFor(p1.ID, 1) {
 			t.Fatalf("CardCode = %q, %v; want %q", code, err, codeFor(p1.ID, 1))
 		}
-		every, err := b.ledger.ListCards(b.ctx, 0, domain.CardUnsold, 0, 10)
+		every, err := b.ledger.ListCards(b.ctx, domain.CardFilter{Status: domain.CardUnsold}, 0, 10)
 		if err != nil || len(every.Cards) != 5 { // 2 of p1 (3 locked or sold) and 3 of p2
 			t.Fatalf("unsold cards of all products: %d, %v", len(every.Cards), err)
 		}
-		_, err = b.ledger.ListCards(b.ctx, 0, "GONE", 0, 10)
+		_, err = b.ledger.ListCards(b.ctx, domain.CardFilter{Status: "GONE"}, 0, 10)
 		wantCode(t, err, domain.EBADINPUT)
 
 		ps, err := b.ledger.ProductsByID(b.ctx, []int64{p2.ID, p1.ID, 999})

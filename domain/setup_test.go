@@ -144,3 +144,5 @@ func wantCode(t testing.TB, err error, code string) {
 		t.Fatalf("error code %q (%v), want %q", got, err, code)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -159,6 +159,12 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 			s.log().WarnContext(ctx, "schedule close failed; the sweeper will", "order", placed.Order.OrderNo, "err", err)
 		}
 	}
+	if !placed.Replayed {
+		// Free unless the product has a low-stock threshold it is above.
+		if err := s.Ledger.CheckStockFell(context.WithoutCancel(ctx), placed.Product); err != nil {
+			s.log().WarnContext(ctx, "low-stock check failed", "product", in.ProductID, "err", err)
+		}
+	}
 	// No event for the new order: nobody can be subscribed to it yet, and
 	// a subscription starts with the order's current status.
 	return s.checkout(ctx, p, placed, method, clientIP)
@@ -218,13 +224,25 @@ func (s *Shop) cancelUnpayable(ctx context.Context, o *Order) {
 // too high is safe, since the card lock in the ledger is the real gate.
 func (s *Shop) ImportCards(ctx context.Context, productID int64, codes []string, actor string) (ImportResult, error) {
 	res, err := s.Ledger.ImportCards(ctx, productID, codes, actor)
-	if err != nil || res.Imported == 0 || s.Gate == nil {
+	if err != nil {
 		return res, err
 	}
-	if gerr := s.Gate.GiveBack(context.WithoutCancel(ctx), productID, res.Imported); gerr != nil {
-		s.log().WarnContext(ctx, "stock gate not told of imported cards; reconciliation repairs it", "product", productID, "err", gerr)
-	}
+	s.imported(ctx, productID, res.Imported)
 	return res, nil
+}
+
+// imported tells the stock gate and the low-stock alert of n new cards.
+func (s *Shop) imported(ctx context.Context, productID int64, n int) {
+	if n == 0 {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	if s.Gate != nil {
+		if err := s.Gate.GiveBack(ctx, productID, n); err != nil {
+			s.log().WarnContext(ctx, "stock gate not told of imported cards; reconciliation repairs it", "product", productID, "err", err)
+		}
+	}
+	s.stockRose(ctx, productID)
 }
 
 // CancelOrder closes a buyer's PENDING order now.
@@ -289,6 +307,13 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 			}
 		}
 	}
+	var rose []int64
+	for pid, n := range released {
+		if n > 0 {
+			rose = append(rose, pid)
+		}
+	}
+	s.stockRose(context.WithoutCancel(ctx), rose...)
 	return rs, nil
 }
 
@@ -386,6 +411,9 @@ func (s *Shop) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, er
 		if _, err := s.Gate.Take(context.WithoutCancel(ctx), res.Order.ProductID, res.Order.Quantity); err != nil {
 			s.log().WarnContext(ctx, "stock gate take after late delivery failed", "order", res.Order.OrderNo, "err", err)
 		}
+	}
+	if res.Outcome == PaymentLateDelivered {
+		s.stockFell(context.WithoutCancel(ctx), res.Order.ProductID)
 	}
 	if res.Refund != nil {
 		s.scheduleRefund(ctx, res.Refund)

@@ -27,10 +27,24 @@ const (
 	CardLocked   CardStatus = "LOCKED"
 	CardSold     CardStatus = "SOLD"
 	CardRecycled CardStatus = "RECYCLED"
+	// CardWithdrawn is a card taken off sale for good: its supplier batch
+	// was recalled. Nothing leaves it.
+	CardWithdrawn CardStatus = "WITHDRAWN"
 )
 
 // CardStatuses lists every card status; the schema's CHECK repeats it.
-var CardStatuses = []CardStatus{CardUnsold, CardLocked, CardSold, CardRecycled}
+var CardStatuses = []CardStatus{CardUnsold, CardLocked, CardSold, CardRecycled, CardWithdrawn}
+
+// BatchStatus is the state of a supplier batch of cards (card_batch).
+type BatchStatus string
+
+const (
+	BatchActive   BatchStatus = "ACTIVE"
+	BatchRecalled BatchStatus = "RECALLED" // the supplier said its codes are bad
+)
+
+// BatchStatuses lists every batch status; the schema's CHECK repeats it.
+var BatchStatuses = []BatchStatus{BatchActive, BatchRecalled}
 
 // RefundStatus is the state of a refund_order row.
 type RefundStatus string
@@ -49,6 +63,7 @@ const (
 	tableOrders  = "orders"
 	tableCards   = "card_stock"
 	tableRefunds = "refund_order"
+	tableBatches = "card_batch"
 )
 
 // Transition is one legal move of a status column. The SQL that applies it
@@ -68,6 +83,10 @@ func orderMove(name string, from []OrderStatus, to OrderStatus) Transition {
 
 func cardMove(name string, from []CardStatus, to CardStatus) Transition {
 	return Transition{Name: name, Table: tableCards, From: strs(from), To: string(to)}
+}
+
+func batchMove(name string, from []BatchStatus, to BatchStatus) Transition {
+	return Transition{Name: name, Table: tableBatches, From: strs(from), To: string(to)}
 }
 
 func refundMove(name string, from []RefundStatus, to RefundStatus) Transition {
@@ -93,6 +112,14 @@ var (
 	CardLock    = cardMove("card.lock", []CardStatus{CardUnsold, CardRecycled}, CardLocked)
 	CardSell    = cardMove("card.sell", []CardStatus{CardLocked}, CardSold)
 	CardRecycle = cardMove("card.recycle", []CardStatus{CardLocked}, CardRecycled)
+	// A recalled batch's cards leave sale at once...
+	CardWithdraw = cardMove("card.withdraw", []CardStatus{CardUnsold, CardRecycled}, CardWithdrawn)
+	// ...and a locked one when its order closes, instead of being recycled.
+	// A SOLD card stays SOLD: its code was shown (the order is refunded).
+	CardWithdrawLocked = cardMove("card.withdraw_locked", []CardStatus{CardLocked}, CardWithdrawn)
+
+	// A supplier batch is recalled once.
+	BatchRecall = batchMove("batch.recall", []BatchStatus{BatchActive}, BatchRecalled)
 
 	RefundSucceed = refundMove("refund.succeed", []RefundStatus{RefundProcessing, RefundFailed}, RefundSucceeded)
 	RefundGiveUp  = refundMove("refund.give_up", []RefundStatus{RefundProcessing}, RefundFailed)
@@ -105,7 +132,8 @@ var (
 // Transitions is the whole table, for tests and documentation.
 var Transitions = []Transition{
 	OrderPay, OrderClose, OrderLateRefund, OrderLateDeliver, OrderAdminRefund, OrderRefundDone,
-	CardLock, CardSell, CardRecycle,
+	CardLock, CardSell, CardRecycle, CardWithdraw, CardWithdrawLocked,
+	BatchRecall,
 	RefundSucceed, RefundGiveUp, RefundRetry, RefundAttempt,
 }
 

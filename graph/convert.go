@@ -149,6 +149,12 @@ func productInput(name, description *string, price *int64, active *bool, maxPerO
 	return domain.ProductInput{Name: name, Description: description, PriceFen: price, Active: active, MaxPerOrder: maxPerOrder}
 }
 
+// withStockRules adds a product input's code rule and low-stock threshold.
+func withStockRules(in domain.ProductInput, pattern *string, minLen, maxLen, threshold *int) domain.ProductInput {
+	in.CodePattern, in.CodeMinLen, in.CodeMaxLen, in.LowStockThreshold = pattern, minLen, maxLen, threshold
+	return in
+}
+
 func stats(ctx context.Context, cfg Config) (*model.Stats, error) {
 	out := &model.Stats{Queues: []*model.QueueStat{}}
 	if cfg.Stats != nil {
@@ -173,7 +179,7 @@ func stats(ctx context.Context, cfg Config) (*model.Stats, error) {
 	for i := range ps {
 		c := counts[ps[i].ID]
 		ls.stock.prime(ps[i].ID)
-		out.Stock = append(out.Stock, &model.ProductStock{Product: &ps[i], Lockable: c.Lockable, Locked: c.Locked, Sold: c.Sold})
+		out.Stock = append(out.Stock, &model.ProductStock{Product: &ps[i], Lockable: c.Lockable, Locked: c.Locked, Sold: c.Sold, Withdrawn: c.Withdrawn})
 	}
 	if out.Stock == nil {
 		out.Stock = []*model.ProductStock{}

@@ -83,7 +83,10 @@ type Config struct {
 	AdminToken string
 	Logger     *slog.Logger
 
-	MaxBodyBytes  int64 // request body limit, and WebSocket message limit; default 1 MiB (413 above it)
+	MaxBodyBytes int64 // request body limit, and WebSocket message limit; default 1 MiB (413 above it)
+	// MaxUploadBytes is the body limit of a file upload (importCardFile,
+	// multipart); default 32 MiB (413 above it).
+	MaxUploadBytes int64
 	MaxDepth      int   // query depth limit; default 10 (15 under __schema and __type)
 	MaxComplexity int   // query complexity limit, introspection included; default 1000
 	// MaxTokens, MaxFields and MaxAliases bound a document before it is
@@ -128,6 +131,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
+	if c.MaxUploadBytes <= 0 {
+		c.MaxUploadBytes = DefaultMaxUploadBytes
+	}
 	if c.MaxDepth <= 0 {
 		c.MaxDepth = 10
 	}
@@ -154,6 +160,10 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// DefaultMaxUploadBytes is KAMI_MAX_UPLOAD_BYTES's default: room for about
+// 1.5 million codes of 20 characters.
+const DefaultMaxUploadBytes = 32 << 20
 
 // RemoteHost is the host part of r.RemoteAddr.
 func RemoteHost(r *http.Request) string {
@@ -185,6 +195,7 @@ func NewHandler(cfg Config) http.Handler {
 		},
 	})
 	srv.AddTransport(getTransport{maxResponse: cfg.MaxResponseBytes})
+	srv.AddTransport(uploadTransport{maxUpload: cfg.MaxUploadBytes, maxParts: cfg.MaxBodyBytes, maxResponse: cfg.MaxResponseBytes})
 	srv.AddTransport(postTransport{maxResponse: cfg.MaxResponseBytes})
 	cache := newQueryCache()
 	srv.SetQueryCache(cache)
@@ -203,9 +214,11 @@ func NewHandler(cfg Config) http.Handler {
 	known := knownOperations(es.Schema())
 	// Loaders are made per response: one per query or mutation, one per
 	// subscription event, so a long-lived subscription never reads a
-	// stale cache.
+	// stale cache. The card codes a response reveals are recorded before
+	// it leaves (reveals.go).
 	srv.AroundResponses(func(ctx context.Context, next graphql.ResponseHandler) *graphql.Response {
-		resp := next(withLoaders(ctx, cfg.Ledger))
+		ctx = withRevealNotes(withLoaders(ctx, cfg.Ledger))
+		resp := recordReveals(ctx, cfg.Ledger, cfg.Logger, next(ctx))
 		if cfg.OnOperation != nil && graphql.HasOperationContext(ctx) {
 			observeOperation(ctx, resp, known, cfg.OnOperation)
 		}
@@ -239,7 +252,11 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Body != nil {
-		r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+		limit := h.cfg.MaxBodyBytes
+		if isUpload(r) {
+			limit = h.cfg.MaxUploadBytes
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
 	}
 	addr := h.cfg.ClientAddr(r)
 	if upgrade {
@@ -272,7 +289,16 @@ func newSchemaConfig(cfg Config) generated.Config {
 	c.Complexity.Query.Orders = func(child int, _ *model.OrderFilter, first *int, _ *string) int {
 		return 1 + page(first)*child
 	}
-	c.Complexity.Query.Cards = func(child int, _ *int64, _ *domain.CardStatus, first *int, _ *string) int {
+	c.Complexity.Query.Cards = func(child int, _ *int64, _ *int64, _ *domain.CardStatus, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.Batches = func(child int, _ *int64, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Query.Reveals = func(child int, _ *string, _ *int64, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.Complexity.Batch.Orders = func(child int, first *int, _ *string) int {
 		return 1 + page(first)*child
 	}
 	c.Complexity.Query.Refunds = func(child int, _ *domain.RefundStatus, first *int, _ *string) int {

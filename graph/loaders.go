@@ -74,6 +74,9 @@ type loaders struct {
 	stock    *loader[int64, domain.StockCount]
 	orders   *loader[string, *domain.Order]
 	codes    *loader[string, []string]
+	batches  *loader[int64, *domain.Batch]
+	// batchStocks counts batches' cards by status.
+	batchStocks *loader[int64, domain.BatchStock]
 }
 
 type loadersKey struct{}
@@ -83,7 +86,9 @@ func withLoaders(ctx context.Context, l *domain.Ledger) context.Context {
 		stock: newLoader(func(ctx context.Context, ids []int64) (map[int64]domain.StockCount, error) {
 			return l.StockCounts(ctx, ids...)
 		}),
-		codes: newLoader(l.SoldCodes),
+		codes:       newLoader(l.SoldCodes),
+		batches:     newLoader(l.BatchesByID),
+		batchStocks: newLoader(l.BatchStocks),
 	}
 	ls.products = newLoader(func(ctx context.Context, ids []int64) (map[int64]*domain.Product, error) {
 		ps, err := l.ProductsByID(ctx, ids)
@@ -138,6 +143,17 @@ func (ls *loaders) product(ctx context.Context, id int64) (*domain.Product, erro
 		return nil, domain.Errorf(domain.ENOTFOUND, "product %d not found", id)
 	}
 	return p, nil
+}
+
+func (ls *loaders) batch(ctx context.Context, id int64) (*domain.Batch, error) {
+	b, ok, err := ls.batches.load(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, domain.Errorf(domain.ENOTFOUND, "batch %d not found", id)
+	}
+	return b, nil
 }
 
 func (ls *loaders) order(ctx context.Context, orderNo string) (*domain.Order, error) {

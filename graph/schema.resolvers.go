@@ -29,7 +29,11 @@ func (r *cardResolver) Code(ctx context.Context, obj *domain.Card) (*string, err
 		return nil, err
 	}
 	code, err := r.cfg.Ledger.CardCode(obj)
-	return &code, err
+	if err != nil {
+		return nil, err
+	}
+	noteCardReveal(ctx, obj)
+	return &code, nil
 }
 
 // CreateProduct is the resolver for the createProduct field.
@@ -37,7 +41,8 @@ func (r *mutationResolver) CreateProduct(ctx context.Context, input model.Create
 	if err := requireAdmin(ctx); err != nil {
 		return nil, err
 	}
-	return r.cfg.Ledger.CreateProduct(ctx, productInput(&input.Name, input.Description, &input.Price, input.Active, input.MaxPerOrder), actor)
+	in := productInput(&input.Name, input.Description, &input.Price, input.Active, input.MaxPerOrder)
+	return r.cfg.Ledger.CreateProduct(ctx, withStockRules(in, input.CodePattern, input.CodeMinLength, input.CodeMaxLength, input.LowStockThreshold), actor)
 }
 
 // UpdateProduct is the resolver for the updateProduct field.
@@ -45,7 +50,8 @@ func (r *mutationResolver) UpdateProduct(ctx context.Context, id int64, input mo
 	if err := requireAdmin(ctx); err != nil {
 		return nil, err
 	}
-	return r.cfg.Ledger.UpdateProduct(ctx, id, productInput(input.Name, input.Description, input.Price, input.Active, input.MaxPerOrder), actor)
+	in := productInput(input.Name, input.Description, input.Price, input.Active, input.MaxPerOrder)
+	return r.cfg.Ledger.UpdateProduct(ctx, id, withStockRules(in, input.CodePattern, input.CodeMinLength, input.CodeMaxLength, input.LowStockThreshold), actor)
 }
 
 // ImportCards is the resolver for the importCards field.
@@ -112,10 +118,14 @@ func (r *orderResolver) Cards(ctx context.Context, obj *model.Order) ([]string, 
 		return nil, nil
 	}
 	codes, _, err := loadersOf(ctx).codes.load(ctx, obj.OrderNo)
-	if codes == nil && err == nil {
+	if err != nil {
+		return nil, err
+	}
+	if codes == nil {
 		codes = []string{}
 	}
-	return codes, err
+	noteOrderReveal(ctx, obj, len(codes))
+	return codes, nil
 }
 
 func (r *paymentResolver) URL(ctx context.Context, obj *providers.PaymentAction) (*string, error) {
@@ -182,7 +192,7 @@ func (r *queryResolver) Orders(ctx context.Context, filter *model.OrderFilter, f
 }
 
 // Cards is the resolver for the cards field.
-func (r *queryResolver) Cards(ctx context.Context, productID *int64, status *domain.CardStatus, first *int, after *string) (*model.CardConnection, error) {
+func (r *queryResolver) Cards(ctx context.Context, productID *int64, batchID *int64, status *domain.CardStatus, first *int, after *string) (*model.CardConnection, error) {
 	if err := requireAdmin(ctx); err != nil {
 		return nil, err
 	}
@@ -190,7 +200,7 @@ func (r *queryResolver) Cards(ctx context.Context, productID *int64, status *dom
 	if err != nil {
 		return nil, err
 	}
-	page, err := r.cfg.Ledger.ListCards(ctx, deref(productID), deref(status), from, pageSize(first))
+	page, err := r.cfg.Ledger.ListCards(ctx, domain.CardFilter{ProductID: deref(productID), BatchID: deref(batchID), Status: deref(status)}, from, pageSize(first))
 	if err != nil {
 		return nil, err
 	}
@@ -245,6 +255,10 @@ func (r *subscriptionResolver) OrderStatusChanged(ctx context.Context, orderNo s
 
 func (r *Resolver) Card() generated.CardResolver { return &cardResolver{r} }
 
+func (r *Resolver) ImportCardsPayload() generated.ImportCardsPayloadResolver {
+	return &importCardsPayloadResolver{r}
+}
+
 func (r *Resolver) Mutation() generated.MutationResolver { return &mutationResolver{r} }
 
 func (r *Resolver) Order() generated.OrderResolver { return &orderResolver{r} }
@@ -260,12 +274,13 @@ func (r *Resolver) Refund() generated.RefundResolver { return &refundResolver{r}
 func (r *Resolver) Subscription() generated.SubscriptionResolver { return &subscriptionResolver{r} }
 
 type (
-	cardResolver         struct{ *Resolver }
-	mutationResolver     struct{ *Resolver }
-	orderResolver        struct{ *Resolver }
-	paymentResolver      struct{ *Resolver }
-	productResolver      struct{ *Resolver }
-	queryResolver        struct{ *Resolver }
-	refundResolver       struct{ *Resolver }
-	subscriptionResolver struct{ *Resolver }
+	cardResolver               struct{ *Resolver }
+	importCardsPayloadResolver struct{ *Resolver }
+	mutationResolver           struct{ *Resolver }
+	orderResolver              struct{ *Resolver }
+	paymentResolver            struct{ *Resolver }
+	productResolver            struct{ *Resolver }
+	queryResolver              struct{ *Resolver }
+	refundResolver             struct{ *Resolver }
+	subscriptionResolver       struct{ *Resolver }
 )

@@ -200,9 +200,9 @@ func (t getTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 	execute(w, r, exec, &params, mt, t.maxResponse)
 }
 
-// execute runs one GraphQL request over HTTP; nothing is executed for a
-// client that has left.
-func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string, maxResponse int) {
+// operation parses and validates a request; when it fails, it answers
+// (without a data entry: nothing was executed) and returns nil.
+func operation(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string, maxResponse int) *graphql.OperationContext {
 	ctx := r.Context()
 	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
 	opCtx, errs := exec.CreateOperationContext(ctx, params)
@@ -212,6 +212,17 @@ func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor,
 			status = http.StatusBadRequest
 		}
 		writeNotExecuted(w, mt, status, exec.DispatchError(graphql.WithOperationContext(ctx, opCtx), errs), maxResponse)
+		return nil
+	}
+	return opCtx
+}
+
+// execute runs one GraphQL request over HTTP; nothing is executed for a
+// client that has left.
+func execute(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor, params *graphql.RawParams, mt string, maxResponse int) {
+	ctx := r.Context()
+	opCtx := operation(w, r, exec, params, mt, maxResponse)
+	if opCtx == nil {
 		return
 	}
 	switch op := opCtx.Operation.Operation; {

@@ -12,9 +12,9 @@ import (
 )
 
 // seedPending writes, with bulk INSERTs and not through PlaceOrder, a
-// product with n+free cards and n PENDING orders of one card each, order i
-// expiring at due(i): exactly what n PlaceOrder calls would leave, journal
-// included, so the audit stays clean. It returns the product id and the
+// product with n+free cards (one batch) and n PENDING orders of one card
+// each, order i expiring at due(i): exactly what n PlaceOrder calls would
+// leave, journal included, so the audit stays clean. It returns the product id and the
 // order numbers.
 func seedPending(ctx context.Context, db *bun.DB, sealer *domain.Sealer, n, free int, due func(i int) time.Time) (int64, []string, error) {
 	now := time.Now().UTC().Truncate(time.Microsecond)
@@ -26,6 +26,11 @@ func seedPending(ctx context.Context, db *bun.DB, sealer *domain.Sealer, n, free
 	hash := strings.Repeat("0", 64)
 	const chunk = 1000
 	err := db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		batch := &domain.Batch{ProductID: p.ID, Source: domain.BatchFromList, Status: domain.BatchActive, Actor: "seed",
+			Imported: n + free, CreatedAt: now, UpdatedAt: now}
+		if _, err := tx.NewInsert().Model(batch).Exec(ctx); err != nil {
+			return err
+		}
 		for start := 0; start < n+free; start += chunk {
 			end := min(start+chunk, n+free)
 			cards := make([]domain.Card, 0, end-start)
@@ -33,7 +38,7 @@ func seedPending(ctx context.Context, db *bun.DB, sealer *domain.Sealer, n, free
 			var flows []domain.StockFlow
 			for i := start; i < end; i++ {
 				code := fmt.Sprintf("SEED-%d-%07d", p.ID, i)
-				c := domain.Card{ProductID: p.ID, CodeEnc: sealer.Seal(p.ID, code), CodeHash: sealer.CodeHash(p.ID, code),
+				c := domain.Card{ProductID: p.ID, BatchID: batch.ID, CodeEnc: sealer.Seal(p.ID, code), CodeHash: sealer.CodeHash(p.ID, code),
 					Status: domain.CardUnsold, CreatedAt: now, UpdatedAt: now}
 				if i < n {
 					no := fmt.Sprintf("S%05d%014d", p.ID%100000, i)

@@ -30,9 +30,13 @@ func NewExecutableSchema(cfg Config) graphql.ExecutableSchema {
 type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
+	Batch() BatchResolver
 	Card() CardResolver
+	CodeRule() CodeRuleResolver
 	GatewayRefund() GatewayRefundResolver
 	GatewayTrade() GatewayTradeResolver
+	ImportCardsPayload() ImportCardsPayloadResolver
+	ImportReport() ImportReportResolver
 	Mutation() MutationResolver
 	Order() OrderResolver
 	Payment() PaymentResolver
@@ -40,6 +44,7 @@ type ResolverRoot interface {
 	Query() QueryResolver
 	ReconcileRun() ReconcileRunResolver
 	Refund() RefundResolver
+	Reveal() RevealResolver
 	StatementDifference() StatementDifferenceResolver
 	StatementRun() StatementRunResolver
 	Subscription() SubscriptionResolver
@@ -50,7 +55,44 @@ type DirectiveRoot struct {
 }
 
 type ComplexityRoot struct {
+	Batch struct {
+		Actor        func(childComplexity int) int
+		CreatedAt    func(childComplexity int) int
+		Duplicates   func(childComplexity int) int
+		Filename     func(childComplexity int) int
+		ID           func(childComplexity int) int
+		Imported     func(childComplexity int) int
+		Orders       func(childComplexity int, first *int, after *string) int
+		Product      func(childComplexity int) int
+		RecallReason func(childComplexity int) int
+		RecalledAt   func(childComplexity int) int
+		Refused      func(childComplexity int) int
+		Source       func(childComplexity int) int
+		Status       func(childComplexity int) int
+		Stock        func(childComplexity int) int
+		SupplierNote func(childComplexity int) int
+	}
+
+	BatchConnection struct {
+		Edges    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	BatchEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
+	BatchStock struct {
+		Locked    func(childComplexity int) int
+		Recycled  func(childComplexity int) int
+		Sold      func(childComplexity int) int
+		Unsold    func(childComplexity int) int
+		Withdrawn func(childComplexity int) int
+	}
+
 	Card struct {
+		Batch     func(childComplexity int) int
 		Code      func(childComplexity int) int
 		CreatedAt func(childComplexity int) int
 		ID        func(childComplexity int) int
@@ -67,6 +109,12 @@ type ComplexityRoot struct {
 	CardEdge struct {
 		Cursor func(childComplexity int) int
 		Node   func(childComplexity int) int
+	}
+
+	CodeRule struct {
+		MaxLen  func(childComplexity int) int
+		MinLen  func(childComplexity int) int
+		Pattern func(childComplexity int) int
 	}
 
 	CreateOrderPayload struct {
@@ -95,15 +143,30 @@ type ComplexityRoot struct {
 	}
 
 	ImportCardsPayload struct {
+		Batch      func(childComplexity int) int
 		Duplicates func(childComplexity int) int
 		Imported   func(childComplexity int) int
+	}
+
+	ImportReport struct {
+		Batch                 func(childComplexity int) int
+		DryRun                func(childComplexity int) int
+		Duplicates            func(childComplexity int) int
+		Imported              func(childComplexity int) int
+		Lines                 func(childComplexity int) int
+		Refused               func(childComplexity int) int
+		RefusedByReason       func(childComplexity int) int
+		RefusedLines          func(childComplexity int) int
+		RefusedLinesTruncated func(childComplexity int) int
 	}
 
 	Mutation struct {
 		CancelOrder         func(childComplexity int, orderNo string, accessToken string) int
 		CreateOrder         func(childComplexity int, input model.CreateOrderInput) int
 		CreateProduct       func(childComplexity int, input model.CreateProductInput) int
+		ImportCardFile      func(childComplexity int, input model.ImportFileInput) int
 		ImportCards         func(childComplexity int, productID int64, codes []string) int
+		RecallBatch         func(childComplexity int, id int64, reason string) int
 		ReconcileStatements func(childComplexity int, provider *string, date *string) int
 		RefundOrder         func(childComplexity int, orderNo string, reason *string) int
 		RetryRefund         func(childComplexity int, refundNo string) int
@@ -152,30 +215,37 @@ type ComplexityRoot struct {
 	}
 
 	Product struct {
-		Active      func(childComplexity int) int
-		CreatedAt   func(childComplexity int) int
-		Description func(childComplexity int) int
-		ID          func(childComplexity int) int
-		MaxPerOrder func(childComplexity int) int
-		Name        func(childComplexity int) int
-		PriceFen    func(childComplexity int) int
-		Stock       func(childComplexity int) int
+		Active            func(childComplexity int) int
+		CodeRule          func(childComplexity int) int
+		CreatedAt         func(childComplexity int) int
+		Description       func(childComplexity int) int
+		ID                func(childComplexity int) int
+		LowStock          func(childComplexity int) int
+		LowStockThreshold func(childComplexity int) int
+		MaxPerOrder       func(childComplexity int) int
+		Name              func(childComplexity int) int
+		PriceFen          func(childComplexity int) int
+		Stock             func(childComplexity int) int
 	}
 
 	ProductStock struct {
-		Lockable func(childComplexity int) int
-		Locked   func(childComplexity int) int
-		Product  func(childComplexity int) int
-		Sold     func(childComplexity int) int
+		Lockable  func(childComplexity int) int
+		Locked    func(childComplexity int) int
+		Product   func(childComplexity int) int
+		Sold      func(childComplexity int) int
+		Withdrawn func(childComplexity int) int
 	}
 
 	Query struct {
-		Cards                func(childComplexity int, productID *int64, status *domain.CardStatus, first *int, after *string) int
+		Batch                func(childComplexity int, id int64) int
+		Batches              func(childComplexity int, productID *int64, first *int, after *string) int
+		Cards                func(childComplexity int, productID *int64, batchID *int64, status *domain.CardStatus, first *int, after *string) int
 		Order                func(childComplexity int, orderNo string, accessToken *string) int
 		Orders               func(childComplexity int, filter *model.OrderFilter, first *int, after *string) int
 		Product              func(childComplexity int, id int64) int
 		Products             func(childComplexity int, all *bool) int
 		Refunds              func(childComplexity int, status *domain.RefundStatus, first *int, after *string) int
+		Reveals              func(childComplexity int, orderNo *string, cardID *int64, first *int, after *string) int
 		StatementDifferences func(childComplexity int, runID *int64, needsPerson *bool, first *int, after *string) int
 		StatementRuns        func(childComplexity int, provider *string, first *int, after *string) int
 		Stats                func(childComplexity int) int
@@ -185,6 +255,13 @@ type ComplexityRoot struct {
 		Backlog              func(childComplexity int) int
 		Name                 func(childComplexity int) int
 		OldestOverdueSeconds func(childComplexity int) int
+	}
+
+	Recall struct {
+		Batch     func(childComplexity int) int
+		Locked    func(childComplexity int) int
+		Sold      func(childComplexity int) int
+		Withdrawn func(childComplexity int) int
 	}
 
 	ReconcileRun struct {
@@ -219,6 +296,40 @@ type ComplexityRoot struct {
 	}
 
 	RefundEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
+	RefusalCount struct {
+		Count  func(childComplexity int) int
+		Reason func(childComplexity int) int
+	}
+
+	RefusedLine struct {
+		Line    func(childComplexity int) int
+		Message func(childComplexity int) int
+		Reason  func(childComplexity int) int
+	}
+
+	Reveal struct {
+		Actor      func(childComplexity int) int
+		CardID     func(childComplexity int) int
+		Channel    func(childComplexity int) int
+		ClientAddr func(childComplexity int) int
+		Codes      func(childComplexity int) int
+		CreatedAt  func(childComplexity int) int
+		ID         func(childComplexity int) int
+		OrderNo    func(childComplexity int) int
+		Ref        func(childComplexity int) int
+		Viewer     func(childComplexity int) int
+	}
+
+	RevealConnection struct {
+		Edges    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	RevealEdge struct {
 		Cursor func(childComplexity int) int
 		Node   func(childComplexity int) int
 	}
@@ -302,12 +413,26 @@ type ComplexityRoot struct {
 
 // region    ************************** generated!.gotpl **************************
 
+type BatchResolver interface {
+	Product(ctx context.Context, obj *domain.Batch) (*domain.Product, error)
+
+	Filename(ctx context.Context, obj *domain.Batch) (*string, error)
+
+	RecallReason(ctx context.Context, obj *domain.Batch) (*string, error)
+	RecalledAt(ctx context.Context, obj *domain.Batch) (*time.Time, error)
+	Stock(ctx context.Context, obj *domain.Batch) (*model.BatchStock, error)
+	Orders(ctx context.Context, obj *domain.Batch, first *int, after *string) (*model.OrderConnection, error)
+}
 type CardResolver interface {
 	Product(ctx context.Context, obj *domain.Card) (*domain.Product, error)
 
 	OrderNo(ctx context.Context, obj *domain.Card) (*string, error)
 
 	Code(ctx context.Context, obj *domain.Card) (*string, error)
+	Batch(ctx context.Context, obj *domain.Card) (*domain.Batch, error)
+}
+type CodeRuleResolver interface {
+	Pattern(ctx context.Context, obj *domain.CodeRule) (*string, error)
 }
 type GatewayRefundResolver interface {
 	Status(ctx context.Context, obj *domain.SyncRefund) (*providers.RefundState, error)
@@ -318,6 +443,14 @@ type GatewayTradeResolver interface {
 	TradeNo(ctx context.Context, obj *domain.SyncTrade) (*string, error)
 	Amount(ctx context.Context, obj *domain.SyncTrade) (*int64, error)
 	PaidAt(ctx context.Context, obj *domain.SyncTrade) (*time.Time, error)
+}
+type ImportCardsPayloadResolver interface {
+	Batch(ctx context.Context, obj *domain.ImportResult) (*domain.Batch, error)
+}
+type ImportReportResolver interface {
+	Batch(ctx context.Context, obj *domain.ImportReport) (*domain.Batch, error)
+
+	RefusedByReason(ctx context.Context, obj *domain.ImportReport) ([]*model.RefusalCount, error)
 }
 type MutationResolver interface {
 	CreateProduct(ctx context.Context, input model.CreateProductInput) (*domain.Product, error)
@@ -330,6 +463,8 @@ type MutationResolver interface {
 	SyncOrder(ctx context.Context, orderNo string) (*domain.SyncResult, error)
 	RunReconciliation(ctx context.Context) (*domain.ReconcileRun, error)
 	ReconcileStatements(ctx context.Context, provider *string, date *string) ([]*domain.StatementRun, error)
+	ImportCardFile(ctx context.Context, input model.ImportFileInput) (*domain.ImportReport, error)
+	RecallBatch(ctx context.Context, id int64, reason string) (*domain.Recall, error)
 }
 type OrderResolver interface {
 	Product(ctx context.Context, obj *model.Order) (*domain.Product, error)
@@ -343,17 +478,24 @@ type PaymentResolver interface {
 }
 type ProductResolver interface {
 	Stock(ctx context.Context, obj *domain.Product) (int, error)
+
+	CodeRule(ctx context.Context, obj *domain.Product) (*domain.CodeRule, error)
+	LowStockThreshold(ctx context.Context, obj *domain.Product) (*int, error)
+	LowStock(ctx context.Context, obj *domain.Product) (*bool, error)
 }
 type QueryResolver interface {
 	Products(ctx context.Context, all *bool) ([]*domain.Product, error)
 	Product(ctx context.Context, id int64) (*domain.Product, error)
 	Order(ctx context.Context, orderNo string, accessToken *string) (*model.Order, error)
 	Orders(ctx context.Context, filter *model.OrderFilter, first *int, after *string) (*model.OrderConnection, error)
-	Cards(ctx context.Context, productID *int64, status *domain.CardStatus, first *int, after *string) (*model.CardConnection, error)
+	Cards(ctx context.Context, productID *int64, batchID *int64, status *domain.CardStatus, first *int, after *string) (*model.CardConnection, error)
 	Refunds(ctx context.Context, status *domain.RefundStatus, first *int, after *string) (*model.RefundConnection, error)
 	Stats(ctx context.Context) (*model.Stats, error)
 	StatementRuns(ctx context.Context, provider *string, first *int, after *string) (*model.StatementRunConnection, error)
 	StatementDifferences(ctx context.Context, runID *int64, needsPerson *bool, first *int, after *string) (*model.StatementDifferenceConnection, error)
+	Batches(ctx context.Context, productID *int64, first *int, after *string) (*model.BatchConnection, error)
+	Batch(ctx context.Context, id int64) (*domain.Batch, error)
+	Reveals(ctx context.Context, orderNo *string, cardID *int64, first *int, after *string) (*model.RevealConnection, error)
 }
 type ReconcileRunResolver interface {
 	Error(ctx context.Context, obj *domain.ReconcileRun) (*string, error)
@@ -362,6 +504,12 @@ type RefundResolver interface {
 	Order(ctx context.Context, obj *domain.Refund) (*model.Order, error)
 
 	LastError(ctx context.Context, obj *domain.Refund) (*string, error)
+}
+type RevealResolver interface {
+	OrderNo(ctx context.Context, obj *domain.Reveal) (*string, error)
+	CardID(ctx context.Context, obj *domain.Reveal) (*int64, error)
+
+	Ref(ctx context.Context, obj *domain.Reveal) (*string, error)
 }
 type StatementDifferenceResolver interface {
 	OrderNo(ctx context.Context, obj *domain.StatementDifference) (*string, error)
@@ -400,6 +548,165 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 	_ = ec
 	switch typeName + "." + field {
 
+	case "Batch.createdBy":
+		if e.ComplexityRoot.Batch.Actor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Actor(childComplexity), true
+	case "Batch.createdAt":
+		if e.ComplexityRoot.Batch.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.CreatedAt(childComplexity), true
+	case "Batch.duplicates":
+		if e.ComplexityRoot.Batch.Duplicates == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Duplicates(childComplexity), true
+	case "Batch.filename":
+		if e.ComplexityRoot.Batch.Filename == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Filename(childComplexity), true
+	case "Batch.id":
+		if e.ComplexityRoot.Batch.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.ID(childComplexity), true
+	case "Batch.imported":
+		if e.ComplexityRoot.Batch.Imported == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Imported(childComplexity), true
+	case "Batch.orders":
+		if e.ComplexityRoot.Batch.Orders == nil {
+			break
+		}
+
+		args, err := ec.field_Batch_orders_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Batch.Orders(childComplexity, args["first"].(*int), args["after"].(*string)), true
+	case "Batch.product":
+		if e.ComplexityRoot.Batch.Product == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Product(childComplexity), true
+	case "Batch.recallReason":
+		if e.ComplexityRoot.Batch.RecallReason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.RecallReason(childComplexity), true
+	case "Batch.recalledAt":
+		if e.ComplexityRoot.Batch.RecalledAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.RecalledAt(childComplexity), true
+	case "Batch.refused":
+		if e.ComplexityRoot.Batch.Refused == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Refused(childComplexity), true
+	case "Batch.source":
+		if e.ComplexityRoot.Batch.Source == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Source(childComplexity), true
+	case "Batch.status":
+		if e.ComplexityRoot.Batch.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Status(childComplexity), true
+	case "Batch.stock":
+		if e.ComplexityRoot.Batch.Stock == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.Stock(childComplexity), true
+	case "Batch.supplierNote":
+		if e.ComplexityRoot.Batch.SupplierNote == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Batch.SupplierNote(childComplexity), true
+
+	case "BatchConnection.edges":
+		if e.ComplexityRoot.BatchConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchConnection.Edges(childComplexity), true
+	case "BatchConnection.pageInfo":
+		if e.ComplexityRoot.BatchConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchConnection.PageInfo(childComplexity), true
+
+	case "BatchEdge.cursor":
+		if e.ComplexityRoot.BatchEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchEdge.Cursor(childComplexity), true
+	case "BatchEdge.node":
+		if e.ComplexityRoot.BatchEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchEdge.Node(childComplexity), true
+
+	case "BatchStock.locked":
+		if e.ComplexityRoot.BatchStock.Locked == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchStock.Locked(childComplexity), true
+	case "BatchStock.recycled":
+		if e.ComplexityRoot.BatchStock.Recycled == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchStock.Recycled(childComplexity), true
+	case "BatchStock.sold":
+		if e.ComplexityRoot.BatchStock.Sold == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchStock.Sold(childComplexity), true
+	case "BatchStock.unsold":
+		if e.ComplexityRoot.BatchStock.Unsold == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchStock.Unsold(childComplexity), true
+	case "BatchStock.withdrawn":
+		if e.ComplexityRoot.BatchStock.Withdrawn == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BatchStock.Withdrawn(childComplexity), true
+
+	case "Card.batch":
+		if e.ComplexityRoot.Card.Batch == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Card.Batch(childComplexity), true
 	case "Card.code":
 		if e.ComplexityRoot.Card.Code == nil {
 			break
@@ -462,6 +769,25 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CardEdge.Node(childComplexity), true
+
+	case "CodeRule.maxLength":
+		if e.ComplexityRoot.CodeRule.MaxLen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CodeRule.MaxLen(childComplexity), true
+	case "CodeRule.minLength":
+		if e.ComplexityRoot.CodeRule.MinLen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CodeRule.MinLen(childComplexity), true
+	case "CodeRule.pattern":
+		if e.ComplexityRoot.CodeRule.Pattern == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CodeRule.Pattern(childComplexity), true
 
 	case "CreateOrderPayload.accessToken":
 		if e.ComplexityRoot.CreateOrderPayload.AccessToken == nil {
@@ -562,6 +888,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.GatewayTrade.TradeNo(childComplexity), true
 
+	case "ImportCardsPayload.batch":
+		if e.ComplexityRoot.ImportCardsPayload.Batch == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportCardsPayload.Batch(childComplexity), true
 	case "ImportCardsPayload.duplicates":
 		if e.ComplexityRoot.ImportCardsPayload.Duplicates == nil {
 			break
@@ -574,6 +906,61 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ImportCardsPayload.Imported(childComplexity), true
+
+	case "ImportReport.batch":
+		if e.ComplexityRoot.ImportReport.Batch == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.Batch(childComplexity), true
+	case "ImportReport.dryRun":
+		if e.ComplexityRoot.ImportReport.DryRun == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.DryRun(childComplexity), true
+	case "ImportReport.duplicates":
+		if e.ComplexityRoot.ImportReport.Duplicates == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.Duplicates(childComplexity), true
+	case "ImportReport.imported":
+		if e.ComplexityRoot.ImportReport.Imported == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.Imported(childComplexity), true
+	case "ImportReport.lines":
+		if e.ComplexityRoot.ImportReport.Lines == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.Lines(childComplexity), true
+	case "ImportReport.refused":
+		if e.ComplexityRoot.ImportReport.Refused == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.Refused(childComplexity), true
+	case "ImportReport.refusedByReason":
+		if e.ComplexityRoot.ImportReport.RefusedByReason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.RefusedByReason(childComplexity), true
+	case "ImportReport.refusedLines":
+		if e.ComplexityRoot.ImportReport.RefusedLines == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.RefusedLines(childComplexity), true
+	case "ImportReport.refusedLinesTruncated":
+		if e.ComplexityRoot.ImportReport.RefusedLinesTruncated == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ImportReport.RefusedLinesTruncated(childComplexity), true
 
 	case "Mutation.cancelOrder":
 		if e.ComplexityRoot.Mutation.CancelOrder == nil {
@@ -608,6 +995,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateProduct(childComplexity, args["input"].(model.CreateProductInput)), true
+	case "Mutation.importCardFile":
+		if e.ComplexityRoot.Mutation.ImportCardFile == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_importCardFile_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ImportCardFile(childComplexity, args["input"].(model.ImportFileInput)), true
 	case "Mutation.importCards":
 		if e.ComplexityRoot.Mutation.ImportCards == nil {
 			break
@@ -619,6 +1017,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.ImportCards(childComplexity, args["productId"].(int64), args["codes"].([]string)), true
+	case "Mutation.recallBatch":
+		if e.ComplexityRoot.Mutation.RecallBatch == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_recallBatch_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.RecallBatch(childComplexity, args["id"].(int64), args["reason"].(string)), true
 	case "Mutation.reconcileStatements":
 		if e.ComplexityRoot.Mutation.ReconcileStatements == nil {
 			break
@@ -836,6 +1245,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Product.Active(childComplexity), true
+	case "Product.codeRule":
+		if e.ComplexityRoot.Product.CodeRule == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Product.CodeRule(childComplexity), true
 	case "Product.createdAt":
 		if e.ComplexityRoot.Product.CreatedAt == nil {
 			break
@@ -854,6 +1269,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Product.ID(childComplexity), true
+	case "Product.lowStock":
+		if e.ComplexityRoot.Product.LowStock == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Product.LowStock(childComplexity), true
+	case "Product.lowStockThreshold":
+		if e.ComplexityRoot.Product.LowStockThreshold == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Product.LowStockThreshold(childComplexity), true
 	case "Product.maxPerOrder":
 		if e.ComplexityRoot.Product.MaxPerOrder == nil {
 			break
@@ -903,7 +1330,35 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ProductStock.Sold(childComplexity), true
+	case "ProductStock.withdrawn":
+		if e.ComplexityRoot.ProductStock.Withdrawn == nil {
+			break
+		}
 
+		return e.ComplexityRoot.ProductStock.Withdrawn(childComplexity), true
+
+	case "Query.batch":
+		if e.ComplexityRoot.Query.Batch == nil {
+			break
+		}
+
+		args, err := ec.field_Query_batch_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Batch(childComplexity, args["id"].(int64)), true
+	case "Query.batches":
+		if e.ComplexityRoot.Query.Batches == nil {
+			break
+		}
+
+		args, err := ec.field_Query_batches_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Batches(childComplexity, args["productId"].(*int64), args["first"].(*int), args["after"].(*string)), true
 	case "Query.cards":
 		if e.ComplexityRoot.Query.Cards == nil {
 			break
@@ -914,7 +1369,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.Cards(childComplexity, args["productId"].(*int64), args["status"].(*domain.CardStatus), args["first"].(*int), args["after"].(*string)), true
+		return e.ComplexityRoot.Query.Cards(childComplexity, args["productId"].(*int64), args["batchId"].(*int64), args["status"].(*domain.CardStatus), args["first"].(*int), args["after"].(*string)), true
 
 	case "Query.order":
 		if e.ComplexityRoot.Query.Order == nil {
@@ -971,6 +1426,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Refunds(childComplexity, args["status"].(*domain.RefundStatus), args["first"].(*int), args["after"].(*string)), true
+	case "Query.reveals":
+		if e.ComplexityRoot.Query.Reveals == nil {
+			break
+		}
+
+		args, err := ec.field_Query_reveals_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Reveals(childComplexity, args["orderNo"].(*string), args["cardId"].(*int64), args["first"].(*int), args["after"].(*string)), true
 	case "Query.statementDifferences":
 		if e.ComplexityRoot.Query.StatementDifferences == nil {
 			break
@@ -1018,6 +1484,31 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.QueueStat.OldestOverdueSeconds(childComplexity), true
+
+	case "Recall.batch":
+		if e.ComplexityRoot.Recall.Batch == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Recall.Batch(childComplexity), true
+	case "Recall.locked":
+		if e.ComplexityRoot.Recall.Locked == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Recall.Locked(childComplexity), true
+	case "Recall.sold":
+		if e.ComplexityRoot.Recall.Sold == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Recall.Sold(childComplexity), true
+	case "Recall.withdrawn":
+		if e.ComplexityRoot.Recall.Withdrawn == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Recall.Withdrawn(childComplexity), true
 
 	case "ReconcileRun.closedStragglers":
 		if e.ComplexityRoot.ReconcileRun.ClosedStragglers == nil {
@@ -1166,6 +1657,125 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.RefundEdge.Node(childComplexity), true
+
+	case "RefusalCount.count":
+		if e.ComplexityRoot.RefusalCount.Count == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RefusalCount.Count(childComplexity), true
+	case "RefusalCount.reason":
+		if e.ComplexityRoot.RefusalCount.Reason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RefusalCount.Reason(childComplexity), true
+
+	case "RefusedLine.line":
+		if e.ComplexityRoot.RefusedLine.Line == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RefusedLine.Line(childComplexity), true
+	case "RefusedLine.message":
+		if e.ComplexityRoot.RefusedLine.Message == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RefusedLine.Message(childComplexity), true
+	case "RefusedLine.reason":
+		if e.ComplexityRoot.RefusedLine.Reason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RefusedLine.Reason(childComplexity), true
+
+	case "Reveal.actor":
+		if e.ComplexityRoot.Reveal.Actor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.Actor(childComplexity), true
+	case "Reveal.cardId":
+		if e.ComplexityRoot.Reveal.CardID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.CardID(childComplexity), true
+	case "Reveal.channel":
+		if e.ComplexityRoot.Reveal.Channel == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.Channel(childComplexity), true
+	case "Reveal.clientAddress":
+		if e.ComplexityRoot.Reveal.ClientAddr == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.ClientAddr(childComplexity), true
+	case "Reveal.codes":
+		if e.ComplexityRoot.Reveal.Codes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.Codes(childComplexity), true
+	case "Reveal.at":
+		if e.ComplexityRoot.Reveal.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.CreatedAt(childComplexity), true
+	case "Reveal.id":
+		if e.ComplexityRoot.Reveal.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.ID(childComplexity), true
+	case "Reveal.orderNo":
+		if e.ComplexityRoot.Reveal.OrderNo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.OrderNo(childComplexity), true
+	case "Reveal.ref":
+		if e.ComplexityRoot.Reveal.Ref == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.Ref(childComplexity), true
+	case "Reveal.viewer":
+		if e.ComplexityRoot.Reveal.Viewer == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Reveal.Viewer(childComplexity), true
+
+	case "RevealConnection.edges":
+		if e.ComplexityRoot.RevealConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RevealConnection.Edges(childComplexity), true
+	case "RevealConnection.pageInfo":
+		if e.ComplexityRoot.RevealConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RevealConnection.PageInfo(childComplexity), true
+
+	case "RevealEdge.cursor":
+		if e.ComplexityRoot.RevealEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RevealEdge.Cursor(childComplexity), true
+	case "RevealEdge.node":
+		if e.ComplexityRoot.RevealEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RevealEdge.Node(childComplexity), true
 
 	case "StatementDifference.action":
 		if e.ComplexityRoot.StatementDifference.Action == nil {
@@ -1474,6 +2084,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 		return graphql.NewInputUnmarshalerIndex(
 			graphql.NewInputUnmarshaler("CreateOrderInput", ec.unmarshalInputCreateOrderInput),
 			graphql.NewInputUnmarshaler("CreateProductInput", ec.unmarshalInputCreateProductInput),
+			graphql.NewInputUnmarshaler("ImportFileInput", ec.unmarshalInputImportFileInput),
 			graphql.NewInputUnmarshaler("OrderFilter", ec.unmarshalInputOrderFilter),
 			graphql.NewInputUnmarshaler("UpdateProductInput", ec.unmarshalInputUpdateProductInput),
 		)
@@ -1823,6 +2434,8 @@ enum CardStatus {
   LOCKED
   SOLD
   RECYCLED
+  "Off sale for good: its batch was recalled."
+  WITHDRAWN
 }
 
 enum RefundStatus {
@@ -1993,8 +2606,8 @@ type Query {
   order(orderNo: String!, accessToken: String): Order
   "Admins: orders, newest first. first is 1 to 100."
   orders(filter: OrderFilter, first: Int = 20, after: String): OrderConnection!
-  "Admins: cards, newest first."
-  cards(productId: ID, status: CardStatus, first: Int = 20, after: String): CardConnection!
+  "Admins: cards, newest first; of one product, one batch, in one status."
+  cards(productId: ID, batchId: ID, status: CardStatus, first: Int = 20, after: String): CardConnection!
   "Admins: refunds, newest first."
   refunds(status: RefundStatus, first: Int = 20, after: String): RefundConnection!
   "Admins: the shop's health figures."
@@ -2080,12 +2693,360 @@ type Subscription {
   orderStatusChanged(orderNo: String!, accessToken: String): Order!
 }
 `, BuiltIn: false},
+	{Name: "../stock.graphqls", Input: `# The seller's stock (issue 13): file imports with format rules and dry
+# runs, supplier batches and their recall, the reveal audit, low-stock
+# thresholds. The CSV export is GET /export/cards (see README).
+
+"""
+A file, sent as a multipart/form-data POST under the
+graphql-multipart-request-spec: the parts operations, map and the file,
+in that order; one file per request. Admins only.
+"""
+scalar Upload
+
+"How an import file lays out its codes."
+enum ImportFormat {
+  "One code per line: UTF-8, with or without a BOM, LF or CRLF."
+  LINES
+  "CSV with a header line; the codes are in the column csvColumn names."
+  CSV
+}
+
+"Why an import refused a line."
+enum ImportRefusal {
+  "Nothing but blanks."
+  EMPTY
+  "Longer than the product's maximum length, or than 512 bytes."
+  TOO_LONG
+  "Shorter than the product's minimum length."
+  TOO_SHORT
+  "Does not match the product's code pattern."
+  FORMAT
+  "Control characters (a tab, say) inside the code."
+  CONTROL_CHARACTERS
+  "An earlier line of the same import has the same code."
+  DUPLICATE_IN_FILE
+  "The product has or ever had this code, sold ones included."
+  DUPLICATE_EXISTING
+}
+
+enum BatchStatus {
+  ACTIVE
+  "The supplier said its codes are bad: its unsold cards are WITHDRAWN."
+  RECALLED
+}
+
+enum BatchSource {
+  "Cards imported before batches existed (one batch per product)."
+  LEGACY
+  "importCards."
+  LIST
+  "importCardFile."
+  FILE
+}
+
+"What every imported code of a product must look like."
+type CodeRule {
+  "A regular expression (RE2) the whole code must match; null: any."
+  pattern: String
+  "Shortest code in characters; 0: no minimum."
+  minLength: Int!
+  "Longest code in characters; 0: no maximum (512 bytes)."
+  maxLength: Int!
+}
+
+extend type Product {
+  "What every imported code must look like. Admins only (FORBIDDEN otherwise)."
+  codeRule: CodeRule
+  "A low_stock alert is raised when sellable cards fall to this; 0: never. Admins only."
+  lowStockThreshold: Int
+  "True from the low-stock alert until stock rises above the threshold again. Admins only."
+  lowStock: Boolean
+}
+
+extend input CreateProductInput {
+  codePattern: String
+  codeMinLength: Int
+  codeMaxLength: Int
+  lowStockThreshold: Int
+}
+
+extend input UpdateProductInput {
+  "An empty string removes the pattern."
+  codePattern: String
+  codeMinLength: Int
+  codeMaxLength: Int
+  lowStockThreshold: Int
+}
+
+extend type ProductStock {
+  withdrawn: Int!
+}
+
+extend type Card {
+  "The batch the card was imported with."
+  batch: Batch!
+}
+
+extend type ImportCardsPayload {
+  "The batch the import made."
+  batch: Batch
+}
+
+"One import: the cards a supplier delivered together."
+type Batch {
+  id: ID!
+  product: Product!
+  source: BatchSource!
+  status: BatchStatus!
+  supplierNote: String!
+  "The uploaded file's name (file imports)."
+  filename: String
+  "Who imported it."
+  createdBy: String!
+  createdAt: Time!
+  imported: Int!
+  "Lines refused for their form (empty, too long, format, ...)."
+  refused: Int!
+  "Lines refused as duplicates."
+  duplicates: Int!
+  recallReason: String
+  recalledAt: Time
+  "The batch's cards by status now."
+  stock: BatchStock!
+  """
+  Orders that received codes from this batch (PAID, REFUNDING, REFUNDED:
+  refund them with refundOrder after a recall) or hold one now (PENDING),
+  newest first.
+  """
+  orders(first: Int = 20, after: String): OrderConnection!
+}
+
+type BatchStock {
+  unsold: Int!
+  locked: Int!
+  sold: Int!
+  recycled: Int!
+  withdrawn: Int!
+}
+
+type BatchEdge {
+  cursor: String!
+  node: Batch!
+}
+
+type BatchConnection {
+  edges: [BatchEdge!]!
+  pageInfo: PageInfo!
+}
+
+type RefusedLine {
+  "1-based line number in the file (CSV: where the record starts)."
+  line: Int!
+  reason: ImportRefusal!
+  message: String!
+}
+
+type RefusalCount {
+  reason: ImportRefusal!
+  count: Int!
+}
+
+"What an import did, or on a dry run would do."
+type ImportReport {
+  dryRun: Boolean!
+  "The batch made; null on a dry run."
+  batch: Batch
+  "Code lines read (a CSV's header not counted): imported + refused + duplicates."
+  lines: Int!
+  imported: Int!
+  refused: Int!
+  duplicates: Int!
+  "Every refused line counted by reason."
+  refusedByReason: [RefusalCount!]!
+  "The first 1,000 refused lines, in file order."
+  refusedLines: [RefusedLine!]!
+  "True when more lines were refused than refusedLines lists."
+  refusedLinesTruncated: Boolean!
+}
+
+input ImportFileInput {
+  productId: ID!
+  file: Upload!
+  format: ImportFormat = LINES
+  "The column holding the codes (CSV); matched to the header ignoring case."
+  csvColumn: String
+  "Up to 255 bytes: the supplier, the invoice, ..."
+  supplierNote: String
+  "Check everything, change nothing: the report says what would happen."
+  dryRun: Boolean = false
+}
+
+"What a recall did."
+type Recall {
+  batch: Batch!
+  "Cards taken off sale now (UNSOLD and RECYCLED)."
+  withdrawn: Int!
+  "Cards held by unpaid orders: withdrawn when the order closes, delivered if it is paid."
+  locked: Int!
+  "Cards delivered already: batch.orders lists their orders."
+  sold: Int!
+}
+
+"How codes left kami."
+enum RevealChannel {
+  "An order's codes in a query or mutation answer."
+  ORDER
+  "An order's codes in an orderStatusChanged event."
+  SUBSCRIPTION
+  "An admin read a card's code."
+  ADMIN_CODE
+  "A card in an admin's CSV export."
+  EXPORT
+}
+
+enum RevealViewer {
+  "The holder of the order's access token."
+  BUYER
+  "The holder of the admin token."
+  ADMIN
+}
+
+"One time card codes left kami."
+type Reveal {
+  id: ID!
+  at: Time!
+  channel: RevealChannel!
+  viewer: RevealViewer!
+  "admin, or buyer (the token is never stored: the order says which)."
+  actor: String!
+  clientAddress: String!
+  "The order whose codes were shown, or the order the card was sold to."
+  orderNo: String
+  "The card, when one card's code was shown (ADMIN_CODE, EXPORT)."
+  cardId: ID
+  "How many codes were shown."
+  codes: Int!
+  "Groups the rows of one export."
+  ref: String
+}
+
+type RevealEdge {
+  cursor: String!
+  node: Reveal!
+}
+
+type RevealConnection {
+  edges: [RevealEdge!]!
+  pageInfo: PageInfo!
+}
+
+extend type Query {
+  "Admins: import batches, newest first."
+  batches(productId: ID, first: Int = 20, after: String): BatchConnection!
+  "Admins: one batch."
+  batch(id: ID!): Batch
+  """
+  Admins: the reveal record of one order (its views, reads of its cards)
+  or one card (every read and export of it, and its order's views once
+  sold), newest first. Give exactly one of orderNo and cardId.
+  """
+  reveals(orderNo: String, cardId: ID, first: Int = 20, after: String): RevealConnection!
+}
+
+extend type Mutation {
+  """
+  Admins: import a file of codes into a new batch (multipart upload).
+  Refused lines are reported and skipped; a file that is not UTF-8 text,
+  has a line over 64 KiB or lacks the CSV column imports nothing.
+  """
+  importCardFile(input: ImportFileInput!): ImportReport!
+  """
+  Admins: recall a batch. Its unsold cards leave sale now, those held by
+  unpaid orders when the orders close; batch.orders lists the orders that
+  received its codes. CONFLICT when it was recalled before.
+  """
+  recallBatch(id: ID!, reason: String!): Recall!
+}
+`, BuiltIn: false},
 }
 var parsedSchema = gqlparser.MustLoadSchema(sources...)
 
 // childFields_* functions provide shared child field context lookups.
 // Each function is generated once per unique object type, deduplicating the
 // switch statements that were previously inlined in every fieldContext_* function.
+
+func (ec *executionContext) childFields_Batch(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Batch_id(ctx, field)
+	case "product":
+		return ec.fieldContext_Batch_product(ctx, field)
+	case "source":
+		return ec.fieldContext_Batch_source(ctx, field)
+	case "status":
+		return ec.fieldContext_Batch_status(ctx, field)
+	case "supplierNote":
+		return ec.fieldContext_Batch_supplierNote(ctx, field)
+	case "filename":
+		return ec.fieldContext_Batch_filename(ctx, field)
+	case "createdBy":
+		return ec.fieldContext_Batch_createdBy(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_Batch_createdAt(ctx, field)
+	case "imported":
+		return ec.fieldContext_Batch_imported(ctx, field)
+	case "refused":
+		return ec.fieldContext_Batch_refused(ctx, field)
+	case "duplicates":
+		return ec.fieldContext_Batch_duplicates(ctx, field)
+	case "recallReason":
+		return ec.fieldContext_Batch_recallReason(ctx, field)
+	case "recalledAt":
+		return ec.fieldContext_Batch_recalledAt(ctx, field)
+	case "stock":
+		return ec.fieldContext_Batch_stock(ctx, field)
+	case "orders":
+		return ec.fieldContext_Batch_orders(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Batch", field.Name)
+}
+
+func (ec *executionContext) childFields_BatchConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_BatchConnection_edges(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_BatchConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type BatchConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_BatchEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_BatchEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_BatchEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type BatchEdge", field.Name)
+}
+
+func (ec *executionContext) childFields_BatchStock(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "unsold":
+		return ec.fieldContext_BatchStock_unsold(ctx, field)
+	case "locked":
+		return ec.fieldContext_BatchStock_locked(ctx, field)
+	case "sold":
+		return ec.fieldContext_BatchStock_sold(ctx, field)
+	case "recycled":
+		return ec.fieldContext_BatchStock_recycled(ctx, field)
+	case "withdrawn":
+		return ec.fieldContext_BatchStock_withdrawn(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type BatchStock", field.Name)
+}
 
 func (ec *executionContext) childFields_Card(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
@@ -2101,6 +3062,8 @@ func (ec *executionContext) childFields_Card(ctx context.Context, field graphql.
 		return ec.fieldContext_Card_createdAt(ctx, field)
 	case "code":
 		return ec.fieldContext_Card_code(ctx, field)
+	case "batch":
+		return ec.fieldContext_Card_batch(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Card", field.Name)
 }
@@ -2123,6 +3086,18 @@ func (ec *executionContext) childFields_CardEdge(ctx context.Context, field grap
 		return ec.fieldContext_CardEdge_node(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type CardEdge", field.Name)
+}
+
+func (ec *executionContext) childFields_CodeRule(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "pattern":
+		return ec.fieldContext_CodeRule_pattern(ctx, field)
+	case "minLength":
+		return ec.fieldContext_CodeRule_minLength(ctx, field)
+	case "maxLength":
+		return ec.fieldContext_CodeRule_maxLength(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type CodeRule", field.Name)
 }
 
 func (ec *executionContext) childFields_CreateOrderPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2181,8 +3156,34 @@ func (ec *executionContext) childFields_ImportCardsPayload(ctx context.Context, 
 		return ec.fieldContext_ImportCardsPayload_imported(ctx, field)
 	case "duplicates":
 		return ec.fieldContext_ImportCardsPayload_duplicates(ctx, field)
+	case "batch":
+		return ec.fieldContext_ImportCardsPayload_batch(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type ImportCardsPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_ImportReport(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "dryRun":
+		return ec.fieldContext_ImportReport_dryRun(ctx, field)
+	case "batch":
+		return ec.fieldContext_ImportReport_batch(ctx, field)
+	case "lines":
+		return ec.fieldContext_ImportReport_lines(ctx, field)
+	case "imported":
+		return ec.fieldContext_ImportReport_imported(ctx, field)
+	case "refused":
+		return ec.fieldContext_ImportReport_refused(ctx, field)
+	case "duplicates":
+		return ec.fieldContext_ImportReport_duplicates(ctx, field)
+	case "refusedByReason":
+		return ec.fieldContext_ImportReport_refusedByReason(ctx, field)
+	case "refusedLines":
+		return ec.fieldContext_ImportReport_refusedLines(ctx, field)
+	case "refusedLinesTruncated":
+		return ec.fieldContext_ImportReport_refusedLinesTruncated(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ImportReport", field.Name)
 }
 
 func (ec *executionContext) childFields_Order(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2281,6 +3282,12 @@ func (ec *executionContext) childFields_Product(ctx context.Context, field graph
 		return ec.fieldContext_Product_stock(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Product_createdAt(ctx, field)
+	case "codeRule":
+		return ec.fieldContext_Product_codeRule(ctx, field)
+	case "lowStockThreshold":
+		return ec.fieldContext_Product_lowStockThreshold(ctx, field)
+	case "lowStock":
+		return ec.fieldContext_Product_lowStock(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Product", field.Name)
 }
@@ -2295,6 +3302,8 @@ func (ec *executionContext) childFields_ProductStock(ctx context.Context, field 
 		return ec.fieldContext_ProductStock_locked(ctx, field)
 	case "sold":
 		return ec.fieldContext_ProductStock_sold(ctx, field)
+	case "withdrawn":
+		return ec.fieldContext_ProductStock_withdrawn(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type ProductStock", field.Name)
 }
@@ -2309,6 +3318,20 @@ func (ec *executionContext) childFields_QueueStat(ctx context.Context, field gra
 		return ec.fieldContext_QueueStat_oldestOverdueSeconds(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type QueueStat", field.Name)
+}
+
+func (ec *executionContext) childFields_Recall(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "batch":
+		return ec.fieldContext_Recall_batch(ctx, field)
+	case "withdrawn":
+		return ec.fieldContext_Recall_withdrawn(ctx, field)
+	case "locked":
+		return ec.fieldContext_Recall_locked(ctx, field)
+	case "sold":
+		return ec.fieldContext_Recall_sold(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Recall", field.Name)
 }
 
 func (ec *executionContext) childFields_ReconcileRun(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2381,6 +3404,74 @@ func (ec *executionContext) childFields_RefundEdge(ctx context.Context, field gr
 		return ec.fieldContext_RefundEdge_node(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type RefundEdge", field.Name)
+}
+
+func (ec *executionContext) childFields_RefusalCount(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "reason":
+		return ec.fieldContext_RefusalCount_reason(ctx, field)
+	case "count":
+		return ec.fieldContext_RefusalCount_count(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RefusalCount", field.Name)
+}
+
+func (ec *executionContext) childFields_RefusedLine(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "line":
+		return ec.fieldContext_RefusedLine_line(ctx, field)
+	case "reason":
+		return ec.fieldContext_RefusedLine_reason(ctx, field)
+	case "message":
+		return ec.fieldContext_RefusedLine_message(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RefusedLine", field.Name)
+}
+
+func (ec *executionContext) childFields_Reveal(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Reveal_id(ctx, field)
+	case "at":
+		return ec.fieldContext_Reveal_at(ctx, field)
+	case "channel":
+		return ec.fieldContext_Reveal_channel(ctx, field)
+	case "viewer":
+		return ec.fieldContext_Reveal_viewer(ctx, field)
+	case "actor":
+		return ec.fieldContext_Reveal_actor(ctx, field)
+	case "clientAddress":
+		return ec.fieldContext_Reveal_clientAddress(ctx, field)
+	case "orderNo":
+		return ec.fieldContext_Reveal_orderNo(ctx, field)
+	case "cardId":
+		return ec.fieldContext_Reveal_cardId(ctx, field)
+	case "codes":
+		return ec.fieldContext_Reveal_codes(ctx, field)
+	case "ref":
+		return ec.fieldContext_Reveal_ref(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Reveal", field.Name)
+}
+
+func (ec *executionContext) childFields_RevealConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_RevealConnection_edges(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_RevealConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RevealConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_RevealEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_RevealEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_RevealEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RevealEdge", field.Name)
 }
 
 func (ec *executionContext) childFields_StatementDifference(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2639,6 +3730,28 @@ func (ec *executionContext) childFields___Type(ctx context.Context, field graphq
 
 // region    ***************************** args.gotpl *****************************
 
+func (ec *executionContext) field_Batch_orders_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_cancelOrder_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2689,6 +3802,20 @@ func (ec *executionContext) field_Mutation_createProduct_args(ctx context.Contex
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_importCardFile_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.ImportFileInput, error) {
+			return ec.unmarshalNImportFileInput2kamiᚋgraphᚋmodelᚐImportFileInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_importCards_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2708,6 +3835,28 @@ func (ec *executionContext) field_Mutation_importCards_args(ctx context.Context,
 		return nil, err
 	}
 	args["codes"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_recallBatch_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (int64, error) {
+			return ec.unmarshalNID2int64(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "reason",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["reason"] = arg1
 	return args, nil
 }
 
@@ -2819,6 +3968,50 @@ func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_batch_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (int64, error) {
+			return ec.unmarshalNID2int64(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_batches_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "productId",
+		func(ctx context.Context, v any) (*int64, error) {
+			return ec.unmarshalOID2ᚖint64(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["productId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg2
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_cards_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2830,30 +4023,38 @@ func (ec *executionContext) field_Query_cards_args(ctx context.Context, rawArgs 
 		return nil, err
 	}
 	args["productId"] = arg0
-	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "status",
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "batchId",
+		func(ctx context.Context, v any) (*int64, error) {
+			return ec.unmarshalOID2ᚖint64(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["batchId"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "status",
 		func(ctx context.Context, v any) (*domain.CardStatus, error) {
 			return ec.unmarshalOCardStatus2ᚖkamiᚋdomainᚐCardStatus(ctx, v)
 		})
 	if err != nil {
 		return nil, err
 	}
-	args["status"] = arg1
-	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+	args["status"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "first",
 		func(ctx context.Context, v any) (*int, error) {
 			return ec.unmarshalOInt2ᚖint(ctx, v)
 		})
 	if err != nil {
 		return nil, err
 	}
-	args["first"] = arg2
-	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+	args["first"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "after",
 		func(ctx context.Context, v any) (*string, error) {
 			return ec.unmarshalOString2ᚖstring(ctx, v)
 		})
 	if err != nil {
 		return nil, err
 	}
-	args["after"] = arg3
+	args["after"] = arg4
 	return args, nil
 }
 
@@ -2964,6 +4165,44 @@ func (ec *executionContext) field_Query_refunds_args(ctx context.Context, rawArg
 		return nil, err
 	}
 	args["after"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_reveals_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orderNo",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orderNo"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "cardId",
+		func(ctx context.Context, v any) (*int64, error) {
+			return ec.unmarshalOID2ᚖint64(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["cardId"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg3
 	return args, nil
 }
 
@@ -3131,6 +4370,624 @@ func (ec *executionContext) field___Type_inputFields_args(ctx context.Context, r
 
 // region    **************************** field.gotpl *****************************
 
+func (ec *executionContext) _Batch_id(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNID2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Batch_product(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_product(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Batch().Product(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Product) graphql.Marshaler {
+			return ec.marshalNProduct2ᚖkamiᚋdomainᚐProduct(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_product(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Batch",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Product(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Batch_source(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_source(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Source, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.BatchSource) graphql.Marshaler {
+			return ec.marshalNBatchSource2kamiᚋdomainᚐBatchSource(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_source(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "BatchSource")
+}
+
+func (ec *executionContext) _Batch_status(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.BatchStatus) graphql.Marshaler {
+			return ec.marshalNBatchStatus2kamiᚋdomainᚐBatchStatus(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "BatchStatus")
+}
+
+func (ec *executionContext) _Batch_supplierNote(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_supplierNote(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SupplierNote, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_supplierNote(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "String")
+}
+
+func (ec *executionContext) _Batch_filename(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_filename(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Batch().Filename(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_filename(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, true, true, "String")
+}
+
+func (ec *executionContext) _Batch_createdBy(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_createdBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Actor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_createdBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "String")
+}
+
+func (ec *executionContext) _Batch_createdAt(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Batch_imported(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_imported(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Imported, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_imported(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Batch_refused(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_refused(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Refused, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_refused(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Batch_duplicates(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_duplicates(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Duplicates, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_duplicates(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Batch_recallReason(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_recallReason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Batch().RecallReason(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_recallReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, true, true, "String")
+}
+
+func (ec *executionContext) _Batch_recalledAt(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_recalledAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Batch().RecalledAt(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_recalledAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Batch", field, true, true, "Time")
+}
+
+func (ec *executionContext) _Batch_stock(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_stock(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Batch().Stock(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.BatchStock) graphql.Marshaler {
+			return ec.marshalNBatchStock2ᚖkamiᚋgraphᚋmodelᚐBatchStock(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_stock(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Batch",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BatchStock(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Batch_orders(ctx context.Context, field graphql.CollectedField, obj *domain.Batch) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Batch_orders(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Batch().Orders(ctx, obj, fc.Args["first"].(*int), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.OrderConnection) graphql.Marshaler {
+			return ec.marshalNOrderConnection2ᚖkamiᚋgraphᚋmodelᚐOrderConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Batch_orders(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Batch",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_OrderConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Batch_orders_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _BatchConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.BatchConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.BatchEdge) graphql.Marshaler {
+			return ec.marshalNBatchEdge2ᚕᚖkamiᚋgraphᚋmodelᚐBatchEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "BatchConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BatchEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _BatchConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.BatchConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖkamiᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "BatchConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _BatchEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.BatchEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BatchEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _BatchEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.BatchEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+			return ec.marshalNBatch2ᚖkamiᚋdomainᚐBatch(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "BatchEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Batch(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _BatchStock_unsold(ctx context.Context, field graphql.CollectedField, obj *model.BatchStock) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchStock_unsold(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Unsold, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchStock_unsold(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BatchStock", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BatchStock_locked(ctx context.Context, field graphql.CollectedField, obj *model.BatchStock) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchStock_locked(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Locked, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchStock_locked(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BatchStock", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BatchStock_sold(ctx context.Context, field graphql.CollectedField, obj *model.BatchStock) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchStock_sold(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sold, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchStock_sold(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BatchStock", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BatchStock_recycled(ctx context.Context, field graphql.CollectedField, obj *model.BatchStock) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchStock_recycled(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Recycled, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchStock_recycled(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BatchStock", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BatchStock_withdrawn(ctx context.Context, field graphql.CollectedField, obj *model.BatchStock) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BatchStock_withdrawn(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Withdrawn, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BatchStock_withdrawn(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BatchStock", field, false, false, "Int")
+}
+
 func (ec *executionContext) _Card_id(ctx context.Context, field graphql.CollectedField, obj *domain.Card) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -3278,6 +5135,38 @@ func (ec *executionContext) fieldContext_Card_code(_ context.Context, field grap
 	return graphql.NewScalarFieldContext("Card", field, true, true, "String")
 }
 
+func (ec *executionContext) _Card_batch(ctx context.Context, field graphql.CollectedField, obj *domain.Card) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Card_batch(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Card().Batch(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+			return ec.marshalNBatch2ᚖkamiᚋdomainᚐBatch(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Card_batch(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Card",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Batch(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _CardConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.CardConnection) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -3395,6 +5284,75 @@ func (ec *executionContext) fieldContext_CardEdge_node(_ context.Context, field 
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _CodeRule_pattern(ctx context.Context, field graphql.CollectedField, obj *domain.CodeRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CodeRule_pattern(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.CodeRule().Pattern(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CodeRule_pattern(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CodeRule", field, true, true, "String")
+}
+
+func (ec *executionContext) _CodeRule_minLength(ctx context.Context, field graphql.CollectedField, obj *domain.CodeRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CodeRule_minLength(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MinLen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CodeRule_minLength(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CodeRule", field, false, false, "Int")
+}
+
+func (ec *executionContext) _CodeRule_maxLength(ctx context.Context, field graphql.CollectedField, obj *domain.CodeRule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CodeRule_maxLength(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MaxLen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CodeRule_maxLength(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CodeRule", field, false, false, "Int")
 }
 
 func (ec *executionContext) _CreateOrderPayload_order(ctx context.Context, field graphql.CollectedField, obj *model.CreateOrderPayload) (ret graphql.Marshaler) {
@@ -3838,6 +5796,272 @@ func (ec *executionContext) fieldContext_ImportCardsPayload_duplicates(_ context
 	return graphql.NewScalarFieldContext("ImportCardsPayload", field, false, false, "Int")
 }
 
+func (ec *executionContext) _ImportCardsPayload_batch(ctx context.Context, field graphql.CollectedField, obj *domain.ImportResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportCardsPayload_batch(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.ImportCardsPayload().Batch(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+			return ec.marshalOBatch2ᚖkamiᚋdomainᚐBatch(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ImportCardsPayload_batch(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ImportCardsPayload",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Batch(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ImportReport_dryRun(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_dryRun(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DryRun, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_dryRun(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ImportReport", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _ImportReport_batch(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_batch(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.ImportReport().Batch(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+			return ec.marshalOBatch2ᚖkamiᚋdomainᚐBatch(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_batch(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ImportReport",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Batch(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ImportReport_lines(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_lines(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Lines, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_lines(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ImportReport", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ImportReport_imported(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_imported(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Imported, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_imported(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ImportReport", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ImportReport_refused(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_refused(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Refused, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_refused(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ImportReport", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ImportReport_duplicates(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_duplicates(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Duplicates, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_duplicates(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ImportReport", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ImportReport_refusedByReason(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_refusedByReason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.ImportReport().RefusedByReason(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.RefusalCount) graphql.Marshaler {
+			return ec.marshalNRefusalCount2ᚕᚖkamiᚋgraphᚋmodelᚐRefusalCountᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_refusedByReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ImportReport",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RefusalCount(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ImportReport_refusedLines(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_refusedLines(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RefusedLines, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []domain.RefusedLine) graphql.Marshaler {
+			return ec.marshalNRefusedLine2ᚕkamiᚋdomainᚐRefusedLineᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_refusedLines(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ImportReport",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RefusedLine(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ImportReport_refusedLinesTruncated(ctx context.Context, field graphql.CollectedField, obj *domain.ImportReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ImportReport_refusedLinesTruncated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RefusedLinesTruncated, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ImportReport_refusedLinesTruncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ImportReport", field, false, false, "Boolean")
+}
+
 func (ec *executionContext) _Mutation_createProduct(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4260,6 +6484,94 @@ func (ec *executionContext) fieldContext_Mutation_reconcileStatements(ctx contex
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Mutation_reconcileStatements_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_importCardFile(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_importCardFile(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ImportCardFile(ctx, fc.Args["input"].(model.ImportFileInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.ImportReport) graphql.Marshaler {
+			return ec.marshalNImportReport2ᚖkamiᚋdomainᚐImportReport(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_importCardFile(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ImportReport(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_importCardFile_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_recallBatch(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_recallBatch(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().RecallBatch(ctx, fc.Args["id"].(int64), fc.Args["reason"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Recall) graphql.Marshaler {
+			return ec.marshalNRecall2ᚖkamiᚋdomainᚐRecall(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_recallBatch(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Recall(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_recallBatch_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -5038,6 +7350,84 @@ func (ec *executionContext) fieldContext_Product_createdAt(_ context.Context, fi
 	return graphql.NewScalarFieldContext("Product", field, false, false, "Time")
 }
 
+func (ec *executionContext) _Product_codeRule(ctx context.Context, field graphql.CollectedField, obj *domain.Product) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Product_codeRule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Product().CodeRule(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.CodeRule) graphql.Marshaler {
+			return ec.marshalOCodeRule2ᚖkamiᚋdomainᚐCodeRule(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Product_codeRule(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Product",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_CodeRule(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Product_lowStockThreshold(ctx context.Context, field graphql.CollectedField, obj *domain.Product) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Product_lowStockThreshold(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Product().LowStockThreshold(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int) graphql.Marshaler {
+			return ec.marshalOInt2ᚖint(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Product_lowStockThreshold(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Product", field, true, true, "Int")
+}
+
+func (ec *executionContext) _Product_lowStock(ctx context.Context, field graphql.CollectedField, obj *domain.Product) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Product_lowStock(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Product().LowStock(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *bool) graphql.Marshaler {
+			return ec.marshalOBoolean2ᚖbool(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Product_lowStock(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Product", field, true, true, "Boolean")
+}
+
 func (ec *executionContext) _ProductStock_product(ctx context.Context, field graphql.CollectedField, obj *model.ProductStock) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -5136,6 +7526,29 @@ func (ec *executionContext) _ProductStock_sold(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_ProductStock_sold(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ProductStock", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ProductStock_withdrawn(ctx context.Context, field graphql.CollectedField, obj *model.ProductStock) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ProductStock_withdrawn(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Withdrawn, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ProductStock_withdrawn(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("ProductStock", field, false, false, "Int")
 }
 
@@ -5325,7 +7738,7 @@ func (ec *executionContext) _Query_cards(ctx context.Context, field graphql.Coll
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().Cards(ctx, fc.Args["productId"].(*int64), fc.Args["status"].(*domain.CardStatus), fc.Args["first"].(*int), fc.Args["after"].(*string))
+			return ec.Resolvers.Query().Cards(ctx, fc.Args["productId"].(*int64), fc.Args["batchId"].(*int64), fc.Args["status"].(*domain.CardStatus), fc.Args["first"].(*int), fc.Args["after"].(*string))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.CardConnection) graphql.Marshaler {
@@ -5523,6 +7936,138 @@ func (ec *executionContext) fieldContext_Query_statementDifferences(ctx context.
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_batches(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_batches(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Batches(ctx, fc.Args["productId"].(*int64), fc.Args["first"].(*int), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.BatchConnection) graphql.Marshaler {
+			return ec.marshalNBatchConnection2ᚖkamiᚋgraphᚋmodelᚐBatchConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_batches(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BatchConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_batches_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_batch(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_batch(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Batch(ctx, fc.Args["id"].(int64))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+			return ec.marshalOBatch2ᚖkamiᚋdomainᚐBatch(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_batch(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Batch(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_batch_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_reveals(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_reveals(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Reveals(ctx, fc.Args["orderNo"].(*string), fc.Args["cardId"].(*int64), fc.Args["first"].(*int), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.RevealConnection) graphql.Marshaler {
+			return ec.marshalNRevealConnection2ᚖkamiᚋgraphᚋmodelᚐRevealConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_reveals(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RevealConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_reveals_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query___type(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -5666,6 +8211,107 @@ func (ec *executionContext) _QueueStat_oldestOverdueSeconds(ctx context.Context,
 }
 func (ec *executionContext) fieldContext_QueueStat_oldestOverdueSeconds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("QueueStat", field, false, false, "Float")
+}
+
+func (ec *executionContext) _Recall_batch(ctx context.Context, field graphql.CollectedField, obj *domain.Recall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Recall_batch(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Batch, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+			return ec.marshalNBatch2ᚖkamiᚋdomainᚐBatch(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Recall_batch(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Recall",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Batch(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Recall_withdrawn(ctx context.Context, field graphql.CollectedField, obj *domain.Recall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Recall_withdrawn(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Withdrawn, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Recall_withdrawn(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Recall", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Recall_locked(ctx context.Context, field graphql.CollectedField, obj *domain.Recall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Recall_locked(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Locked, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Recall_locked(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Recall", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Recall_sold(ctx context.Context, field graphql.CollectedField, obj *domain.Recall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Recall_sold(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sold, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Recall_sold(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Recall", field, false, false, "Int")
 }
 
 func (ec *executionContext) _ReconcileRun_id(ctx context.Context, field graphql.CollectedField, obj *domain.ReconcileRun) (ret graphql.Marshaler) {
@@ -6251,6 +8897,470 @@ func (ec *executionContext) fieldContext_RefundEdge_node(_ context.Context, fiel
 		IsResolver: false,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_Refund(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _RefusalCount_reason(ctx context.Context, field graphql.CollectedField, obj *model.RefusalCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RefusalCount_reason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.RefusalReason) graphql.Marshaler {
+			return ec.marshalNImportRefusal2kamiᚋdomainᚐRefusalReason(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RefusalCount_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RefusalCount", field, false, false, "ImportRefusal")
+}
+
+func (ec *executionContext) _RefusalCount_count(ctx context.Context, field graphql.CollectedField, obj *model.RefusalCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RefusalCount_count(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Count, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RefusalCount_count(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RefusalCount", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RefusedLine_line(ctx context.Context, field graphql.CollectedField, obj *domain.RefusedLine) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RefusedLine_line(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Line, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RefusedLine_line(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RefusedLine", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RefusedLine_reason(ctx context.Context, field graphql.CollectedField, obj *domain.RefusedLine) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RefusedLine_reason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.RefusalReason) graphql.Marshaler {
+			return ec.marshalNImportRefusal2kamiᚋdomainᚐRefusalReason(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RefusedLine_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RefusedLine", field, false, false, "ImportRefusal")
+}
+
+func (ec *executionContext) _RefusedLine_message(ctx context.Context, field graphql.CollectedField, obj *domain.RefusedLine) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RefusedLine_message(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Message, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RefusedLine_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RefusedLine", field, false, false, "String")
+}
+
+func (ec *executionContext) _Reveal_id(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNID2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Reveal_at(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_at(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_at(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Reveal_channel(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_channel(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Channel, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.RevealChannel) graphql.Marshaler {
+			return ec.marshalNRevealChannel2kamiᚋdomainᚐRevealChannel(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_channel(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, false, false, "RevealChannel")
+}
+
+func (ec *executionContext) _Reveal_viewer(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_viewer(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Viewer, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.RevealViewer) graphql.Marshaler {
+			return ec.marshalNRevealViewer2kamiᚋdomainᚐRevealViewer(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_viewer(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, false, false, "RevealViewer")
+}
+
+func (ec *executionContext) _Reveal_actor(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_actor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Actor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_actor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, false, false, "String")
+}
+
+func (ec *executionContext) _Reveal_clientAddress(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_clientAddress(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ClientAddr, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_clientAddress(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, false, false, "String")
+}
+
+func (ec *executionContext) _Reveal_orderNo(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_orderNo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Reveal().OrderNo(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_orderNo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, true, true, "String")
+}
+
+func (ec *executionContext) _Reveal_cardId(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_cardId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Reveal().CardID(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOID2ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_cardId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, true, true, "ID")
+}
+
+func (ec *executionContext) _Reveal_codes(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_codes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Codes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_codes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Reveal_ref(ctx context.Context, field graphql.CollectedField, obj *domain.Reveal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Reveal_ref(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Reveal().Ref(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Reveal_ref(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Reveal", field, true, true, "String")
+}
+
+func (ec *executionContext) _RevealConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.RevealConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RevealConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.RevealEdge) graphql.Marshaler {
+			return ec.marshalNRevealEdge2ᚕᚖkamiᚋgraphᚋmodelᚐRevealEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RevealConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "RevealConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RevealEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _RevealConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.RevealConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RevealConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖkamiᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RevealConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "RevealConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _RevealEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.RevealEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RevealEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RevealEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RevealEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _RevealEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.RevealEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RevealEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.Reveal) graphql.Marshaler {
+			return ec.marshalNReveal2ᚖkamiᚋdomainᚐReveal(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RevealEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "RevealEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Reveal(ctx, field)
 		},
 	}
 	return fc, nil
@@ -8627,7 +11737,7 @@ func (ec *executionContext) unmarshalInputCreateProductInput(ctx context.Context
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"name", "description", "price", "active", "maxPerOrder"}
+	fieldsInOrder := [...]string{"name", "description", "price", "active", "maxPerOrder", "codePattern", "codeMinLength", "codeMaxLength", "lowStockThreshold"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -8669,6 +11779,34 @@ func (ec *executionContext) unmarshalInputCreateProductInput(ctx context.Context
 				return it, err
 			}
 			it.MaxPerOrder = data
+		case "codePattern":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("codePattern"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CodePattern = data
+		case "codeMinLength":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("codeMinLength"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CodeMinLength = data
+		case "codeMaxLength":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("codeMaxLength"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CodeMaxLength = data
+		case "lowStockThreshold":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("lowStockThreshold"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.LowStockThreshold = data
 		}
 	}
 	return it, nil
@@ -8683,6 +11821,90 @@ func (ec *executionContext) unmarshalInputCreateProductInput(ctx context.Context
 func UnmarshalCreateProductInput(ctx context.Context, raw any) (model.CreateProductInput, error) {
 	var out model.CreateProductInput
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "CreateProductInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputImportFileInput(ctx context.Context, obj any) (model.ImportFileInput, error) {
+	var it model.ImportFileInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	if _, present := asMap["format"]; !present {
+		asMap["format"] = "LINES"
+	}
+	if _, present := asMap["dryRun"]; !present {
+		asMap["dryRun"] = false
+	}
+
+	fieldsInOrder := [...]string{"productId", "file", "format", "csvColumn", "supplierNote", "dryRun"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "productId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("productId"))
+			data, err := ec.unmarshalNID2int64(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ProductID = data
+		case "file":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("file"))
+			data, err := ec.unmarshalNUpload2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚐUpload(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.File = data
+		case "format":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("format"))
+			data, err := ec.unmarshalOImportFormat2ᚖkamiᚋdomainᚐImportFormat(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Format = data
+		case "csvColumn":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("csvColumn"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CSVColumn = data
+		case "supplierNote":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("supplierNote"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.SupplierNote = data
+		case "dryRun":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("dryRun"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.DryRun = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalImportFileInput unmarshals raw into the ImportFileInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalImportFileInput(ctx context.Context, raw any) (model.ImportFileInput, error) {
+	var out model.ImportFileInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "ImportFileInput", raw, &out)
 	return out, err
 }
 
@@ -8767,7 +11989,7 @@ func (ec *executionContext) unmarshalInputUpdateProductInput(ctx context.Context
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"name", "description", "price", "active", "maxPerOrder"}
+	fieldsInOrder := [...]string{"name", "description", "price", "active", "maxPerOrder", "codePattern", "codeMinLength", "codeMaxLength", "lowStockThreshold"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -8809,6 +12031,34 @@ func (ec *executionContext) unmarshalInputUpdateProductInput(ctx context.Context
 				return it, err
 			}
 			it.MaxPerOrder = data
+		case "codePattern":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("codePattern"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CodePattern = data
+		case "codeMinLength":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("codeMinLength"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CodeMinLength = data
+		case "codeMaxLength":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("codeMaxLength"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CodeMaxLength = data
+		case "lowStockThreshold":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("lowStockThreshold"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.LowStockThreshold = data
 		}
 	}
 	return it, nil
@@ -8833,6 +12083,244 @@ func UnmarshalUpdateProductInput(ctx context.Context, raw any) (model.UpdateProd
 // endregion ************************** interface.gotpl ***************************
 
 // region    **************************** object.gotpl ****************************
+
+var batchImplementors = []string{"Batch"}
+
+func (ec *executionContext) _Batch(ctx context.Context, sel ast.SelectionSet, obj *domain.Batch) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, batchImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Batch")
+		case "id":
+			out.Values[i] = ec._Batch_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "product":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Batch_product(ctx, field, obj)
+				})
+		case "source":
+			out.Values[i] = ec._Batch_source(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "status":
+			out.Values[i] = ec._Batch_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "supplierNote":
+			out.Values[i] = ec._Batch_supplierNote(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "filename":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Batch_filename(ctx, field, obj)
+				})
+		case "createdBy":
+			out.Values[i] = ec._Batch_createdBy(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "createdAt":
+			out.Values[i] = ec._Batch_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "imported":
+			out.Values[i] = ec._Batch_imported(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refused":
+			out.Values[i] = ec._Batch_refused(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "duplicates":
+			out.Values[i] = ec._Batch_duplicates(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "recallReason":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Batch_recallReason(ctx, field, obj)
+				})
+		case "recalledAt":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Batch_recalledAt(ctx, field, obj)
+				})
+		case "stock":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Batch_stock(ctx, field, obj)
+				})
+		case "orders":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Batch_orders(ctx, field, obj)
+				})
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var batchConnectionImplementors = []string{"BatchConnection"}
+
+func (ec *executionContext) _BatchConnection(ctx context.Context, sel ast.SelectionSet, obj *model.BatchConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, batchConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("BatchConnection")
+		case "edges":
+			out.Values[i] = ec._BatchConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._BatchConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var batchEdgeImplementors = []string{"BatchEdge"}
+
+func (ec *executionContext) _BatchEdge(ctx context.Context, sel ast.SelectionSet, obj *model.BatchEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, batchEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("BatchEdge")
+		case "cursor":
+			out.Values[i] = ec._BatchEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._BatchEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var batchStockImplementors = []string{"BatchStock"}
+
+func (ec *executionContext) _BatchStock(ctx context.Context, sel ast.SelectionSet, obj *model.BatchStock) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, batchStockImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("BatchStock")
+		case "unsold":
+			out.Values[i] = ec._BatchStock_unsold(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "locked":
+			out.Values[i] = ec._BatchStock_locked(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "sold":
+			out.Values[i] = ec._BatchStock_sold(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "recycled":
+			out.Values[i] = ec._BatchStock_recycled(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "withdrawn":
+			out.Values[i] = ec._BatchStock_withdrawn(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
 
 var cardImplementors = []string{"Card"}
 
@@ -8877,6 +12365,12 @@ func (ec *executionContext) _Card(ctx context.Context, sel ast.SelectionSet, obj
 				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Card_code(ctx, field, obj)
+				})
+		case "batch":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Card_batch(ctx, field, obj)
 				})
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -8953,6 +12447,50 @@ func (ec *executionContext) _CardEdge(ctx context.Context, sel ast.SelectionSet,
 			out.Values[i] = ec._CardEdge_node(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var codeRuleImplementors = []string{"CodeRule"}
+
+func (ec *executionContext) _CodeRule(ctx context.Context, sel ast.SelectionSet, obj *domain.CodeRule) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, codeRuleImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("CodeRule")
+		case "pattern":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._CodeRule_pattern(ctx, field, obj)
+				})
+		case "minLength":
+			out.Values[i] = ec._CodeRule_minLength(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "maxLength":
+			out.Values[i] = ec._CodeRule_maxLength(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -9155,12 +12693,93 @@ func (ec *executionContext) _ImportCardsPayload(ctx context.Context, sel ast.Sel
 		case "imported":
 			out.Values[i] = ec._ImportCardsPayload_imported(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "duplicates":
 			out.Values[i] = ec._ImportCardsPayload_duplicates(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "batch":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._ImportCardsPayload_batch(ctx, field, obj)
+				})
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var importReportImplementors = []string{"ImportReport"}
+
+func (ec *executionContext) _ImportReport(ctx context.Context, sel ast.SelectionSet, obj *domain.ImportReport) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, importReportImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ImportReport")
+		case "dryRun":
+			out.Values[i] = ec._ImportReport_dryRun(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "batch":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._ImportReport_batch(ctx, field, obj)
+				})
+		case "lines":
+			out.Values[i] = ec._ImportReport_lines(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "imported":
+			out.Values[i] = ec._ImportReport_imported(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refused":
+			out.Values[i] = ec._ImportReport_refused(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "duplicates":
+			out.Values[i] = ec._ImportReport_duplicates(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refusedByReason":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._ImportReport_refusedByReason(ctx, field, obj)
+				})
+		case "refusedLines":
+			out.Values[i] = ec._ImportReport_refusedLines(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refusedLinesTruncated":
+			out.Values[i] = ec._ImportReport_refusedLinesTruncated(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -9264,6 +12883,20 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 		case "reconcileStatements":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_reconcileStatements(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "importCardFile":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_importCardFile(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "recallBatch":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_recallBatch(ctx, field)
 			})
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
@@ -9602,6 +13235,24 @@ func (ec *executionContext) _Product(ctx context.Context, sel ast.SelectionSet, 
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "codeRule":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Product_codeRule(ctx, field, obj)
+				})
+		case "lowStockThreshold":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Product_lowStockThreshold(ctx, field, obj)
+				})
+		case "lowStock":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Product_lowStock(ctx, field, obj)
+				})
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -9647,6 +13298,11 @@ func (ec *executionContext) _ProductStock(ctx context.Context, sel ast.Selection
 			}
 		case "sold":
 			out.Values[i] = ec._ProductStock_sold(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "withdrawn":
+			out.Values[i] = ec._ProductStock_withdrawn(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -9740,6 +13396,24 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_statementDifferences(ctx, field)
 				})
+		case "batches":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_batches(ctx, field)
+				})
+		case "batch":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_batch(ctx, field)
+				})
+		case "reveals":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_reveals(ctx, field)
+				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Query___type(ctx, field)
@@ -9794,6 +13468,54 @@ func (ec *executionContext) _QueueStat(ctx context.Context, sel ast.SelectionSet
 			}
 		case "oldestOverdueSeconds":
 			out.Values[i] = ec._QueueStat_oldestOverdueSeconds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var recallImplementors = []string{"Recall"}
+
+func (ec *executionContext) _Recall(ctx context.Context, sel ast.SelectionSet, obj *domain.Recall) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, recallImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Recall")
+		case "batch":
+			out.Values[i] = ec._Recall_batch(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "withdrawn":
+			out.Values[i] = ec._Recall_withdrawn(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "locked":
+			out.Values[i] = ec._Recall_locked(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "sold":
+			out.Values[i] = ec._Recall_sold(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -10029,6 +13751,244 @@ func (ec *executionContext) _RefundEdge(ctx context.Context, sel ast.SelectionSe
 			}
 		case "node":
 			out.Values[i] = ec._RefundEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var refusalCountImplementors = []string{"RefusalCount"}
+
+func (ec *executionContext) _RefusalCount(ctx context.Context, sel ast.SelectionSet, obj *model.RefusalCount) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, refusalCountImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RefusalCount")
+		case "reason":
+			out.Values[i] = ec._RefusalCount_reason(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "count":
+			out.Values[i] = ec._RefusalCount_count(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var refusedLineImplementors = []string{"RefusedLine"}
+
+func (ec *executionContext) _RefusedLine(ctx context.Context, sel ast.SelectionSet, obj *domain.RefusedLine) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, refusedLineImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RefusedLine")
+		case "line":
+			out.Values[i] = ec._RefusedLine_line(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reason":
+			out.Values[i] = ec._RefusedLine_reason(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "message":
+			out.Values[i] = ec._RefusedLine_message(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var revealImplementors = []string{"Reveal"}
+
+func (ec *executionContext) _Reveal(ctx context.Context, sel ast.SelectionSet, obj *domain.Reveal) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, revealImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Reveal")
+		case "id":
+			out.Values[i] = ec._Reveal_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "at":
+			out.Values[i] = ec._Reveal_at(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "channel":
+			out.Values[i] = ec._Reveal_channel(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "viewer":
+			out.Values[i] = ec._Reveal_viewer(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "actor":
+			out.Values[i] = ec._Reveal_actor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "clientAddress":
+			out.Values[i] = ec._Reveal_clientAddress(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "orderNo":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Reveal_orderNo(ctx, field, obj)
+				})
+		case "cardId":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Reveal_cardId(ctx, field, obj)
+				})
+		case "codes":
+			out.Values[i] = ec._Reveal_codes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "ref":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Reveal_ref(ctx, field, obj)
+				})
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var revealConnectionImplementors = []string{"RevealConnection"}
+
+func (ec *executionContext) _RevealConnection(ctx context.Context, sel ast.SelectionSet, obj *model.RevealConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, revealConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RevealConnection")
+		case "edges":
+			out.Values[i] = ec._RevealConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._RevealConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var revealEdgeImplementors = []string{"RevealEdge"}
+
+func (ec *executionContext) _RevealEdge(ctx context.Context, sel ast.SelectionSet, obj *model.RevealEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, revealEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RevealEdge")
+		case "cursor":
+			out.Values[i] = ec._RevealEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._RevealEdge_node(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -10893,6 +14853,84 @@ func (ec *executionContext) ___Type(ctx context.Context, sel ast.SelectionSet, o
 
 // region    ***************************** type.gotpl *****************************
 
+func (ec *executionContext) marshalNBatch2ᚖkamiᚋdomainᚐBatch(ctx context.Context, sel ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Batch!")
+		return graphql.Null
+	}
+	return ec._Batch(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNBatchConnection2ᚖkamiᚋgraphᚋmodelᚐBatchConnection(ctx context.Context, sel ast.SelectionSet, v *model.BatchConnection) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "BatchConnection!")
+		return graphql.Null
+	}
+	return ec._BatchConnection(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNBatchEdge2ᚕᚖkamiᚋgraphᚋmodelᚐBatchEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.BatchEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNBatchEdge2ᚖkamiᚋgraphᚋmodelᚐBatchEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNBatchEdge2ᚖkamiᚋgraphᚋmodelᚐBatchEdge(ctx context.Context, sel ast.SelectionSet, v *model.BatchEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "BatchEdge!")
+		return graphql.Null
+	}
+	return ec._BatchEdge(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNBatchSource2kamiᚋdomainᚐBatchSource(ctx context.Context, v any) (domain.BatchSource, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.BatchSource(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNBatchSource2kamiᚋdomainᚐBatchSource(ctx context.Context, sel ast.SelectionSet, v domain.BatchSource) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "BatchSource!")
+	}
+	return res
+}
+
+func (ec *executionContext) unmarshalNBatchStatus2kamiᚋdomainᚐBatchStatus(ctx context.Context, v any) (domain.BatchStatus, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.BatchStatus(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNBatchStatus2kamiᚋdomainᚐBatchStatus(ctx context.Context, sel ast.SelectionSet, v domain.BatchStatus) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "BatchStatus!")
+	}
+	return res
+}
+
+func (ec *executionContext) marshalNBatchStock2ᚖkamiᚋgraphᚋmodelᚐBatchStock(ctx context.Context, sel ast.SelectionSet, v *model.BatchStock) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "BatchStock!")
+		return graphql.Null
+	}
+	return ec._BatchStock(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalNBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -11053,6 +15091,34 @@ func (ec *executionContext) marshalNImportCardsPayload2ᚖkamiᚋdomainᚐImport
 		return graphql.Null
 	}
 	return ec._ImportCardsPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNImportFileInput2kamiᚋgraphᚋmodelᚐImportFileInput(ctx context.Context, v any) (model.ImportFileInput, error) {
+	res, err := ec.unmarshalInputImportFileInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) unmarshalNImportRefusal2kamiᚋdomainᚐRefusalReason(ctx context.Context, v any) (domain.RefusalReason, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.RefusalReason(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNImportRefusal2kamiᚋdomainᚐRefusalReason(ctx context.Context, sel ast.SelectionSet, v domain.RefusalReason) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "ImportRefusal!")
+	}
+	return res
+}
+
+func (ec *executionContext) marshalNImportReport2ᚖkamiᚋdomainᚐImportReport(ctx context.Context, sel ast.SelectionSet, v *domain.ImportReport) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ImportReport!")
+		return graphql.Null
+	}
+	return ec._ImportReport(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNInt2int(ctx context.Context, v any) (int, error) {
@@ -11241,6 +15307,14 @@ func (ec *executionContext) marshalNQueueStat2ᚖkamiᚋgraphᚋmodelᚐQueueSta
 	return ec._QueueStat(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNRecall2ᚖkamiᚋdomainᚐRecall(ctx context.Context, sel ast.SelectionSet, v *domain.Recall) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Recall!")
+		return graphql.Null
+	}
+	return ec._Recall(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNReconcileRun2ᚖkamiᚋdomainᚐReconcileRun(ctx context.Context, sel ast.SelectionSet, v *domain.ReconcileRun) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "ReconcileRun!")
@@ -11315,6 +15389,120 @@ func (ec *executionContext) marshalNRefundStatus2kamiᚋdomainᚐRefundStatus(ct
 	res := graphql.MarshalString(string(v))
 	if res == graphql.Null {
 		graphql.AddInvalidNullFromMarshaler(ctx, "RefundStatus!")
+	}
+	return res
+}
+
+func (ec *executionContext) marshalNRefusalCount2ᚕᚖkamiᚋgraphᚋmodelᚐRefusalCountᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.RefusalCount) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRefusalCount2ᚖkamiᚋgraphᚋmodelᚐRefusalCount(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNRefusalCount2ᚖkamiᚋgraphᚋmodelᚐRefusalCount(ctx context.Context, sel ast.SelectionSet, v *model.RefusalCount) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "RefusalCount!")
+		return graphql.Null
+	}
+	return ec._RefusalCount(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNRefusedLine2kamiᚋdomainᚐRefusedLine(ctx context.Context, sel ast.SelectionSet, v domain.RefusedLine) graphql.Marshaler {
+	return ec._RefusedLine(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNRefusedLine2ᚕkamiᚋdomainᚐRefusedLineᚄ(ctx context.Context, sel ast.SelectionSet, v []domain.RefusedLine) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRefusedLine2kamiᚋdomainᚐRefusedLine(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNReveal2ᚖkamiᚋdomainᚐReveal(ctx context.Context, sel ast.SelectionSet, v *domain.Reveal) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Reveal!")
+		return graphql.Null
+	}
+	return ec._Reveal(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNRevealChannel2kamiᚋdomainᚐRevealChannel(ctx context.Context, v any) (domain.RevealChannel, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.RevealChannel(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNRevealChannel2kamiᚋdomainᚐRevealChannel(ctx context.Context, sel ast.SelectionSet, v domain.RevealChannel) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "RevealChannel!")
+	}
+	return res
+}
+
+func (ec *executionContext) marshalNRevealConnection2ᚖkamiᚋgraphᚋmodelᚐRevealConnection(ctx context.Context, sel ast.SelectionSet, v *model.RevealConnection) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "RevealConnection!")
+		return graphql.Null
+	}
+	return ec._RevealConnection(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNRevealEdge2ᚕᚖkamiᚋgraphᚋmodelᚐRevealEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.RevealEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRevealEdge2ᚖkamiᚋgraphᚋmodelᚐRevealEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNRevealEdge2ᚖkamiᚋgraphᚋmodelᚐRevealEdge(ctx context.Context, sel ast.SelectionSet, v *model.RevealEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "RevealEdge!")
+		return graphql.Null
+	}
+	return ec._RevealEdge(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNRevealViewer2kamiᚋdomainᚐRevealViewer(ctx context.Context, v any) (domain.RevealViewer, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.RevealViewer(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNRevealViewer2kamiᚋdomainᚐRevealViewer(ctx context.Context, sel ast.SelectionSet, v domain.RevealViewer) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "RevealViewer!")
 	}
 	return res
 }
@@ -11538,6 +15726,20 @@ func (ec *executionContext) unmarshalNUpdateProductInput2kamiᚋgraphᚋmodelᚐ
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
+func (ec *executionContext) unmarshalNUpload2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚐUpload(ctx context.Context, v any) (graphql.Upload, error) {
+	res, err := graphql.UnmarshalUpload(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNUpload2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚐUpload(ctx context.Context, sel ast.SelectionSet, v graphql.Upload) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalUpload(v)
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "Upload!")
+	}
+	return res
+}
+
 func (ec *executionContext) marshalN__Directive2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐDirective(ctx context.Context, sel ast.SelectionSet, v introspection.Directive) graphql.Marshaler {
 	return ec.___Directive(ctx, sel, &v)
 }
@@ -11680,6 +15882,13 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 	return res
 }
 
+func (ec *executionContext) marshalOBatch2ᚖkamiᚋdomainᚐBatch(ctx context.Context, sel ast.SelectionSet, v *domain.Batch) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Batch(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalOBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -11727,6 +15936,13 @@ func (ec *executionContext) marshalOCardStatus2ᚖkamiᚋdomainᚐCardStatus(ctx
 	_ = ctx
 	res := graphql.MarshalString(string(*v))
 	return res
+}
+
+func (ec *executionContext) marshalOCodeRule2ᚖkamiᚋdomainᚐCodeRule(ctx context.Context, sel ast.SelectionSet, v *domain.CodeRule) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._CodeRule(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOFloat2ᚖfloat64(ctx context.Context, v any) (*float64, error) {
@@ -11799,6 +16015,25 @@ func (ec *executionContext) marshalOID2ᚖint64(ctx context.Context, sel ast.Sel
 	_ = sel
 	_ = ctx
 	res := model.MarshalInt64ID(*v)
+	return res
+}
+
+func (ec *executionContext) unmarshalOImportFormat2ᚖkamiᚋdomainᚐImportFormat(ctx context.Context, v any) (*domain.ImportFormat, error) {
+	if v == nil {
+		return nil, nil
+	}
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.ImportFormat(tmp)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOImportFormat2ᚖkamiᚋdomainᚐImportFormat(ctx context.Context, sel ast.SelectionSet, v *domain.ImportFormat) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalString(string(*v))
 	return res
 }
 

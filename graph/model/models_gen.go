@@ -6,7 +6,27 @@ import (
 	"kami/domain"
 	"kami/providers"
 	"time"
+
+	"github.com/99designs/gqlgen/graphql"
 )
+
+type BatchConnection struct {
+	Edges    []*BatchEdge `json:"edges"`
+	PageInfo *PageInfo    `json:"pageInfo"`
+}
+
+type BatchEdge struct {
+	Cursor string        `json:"cursor"`
+	Node   *domain.Batch `json:"node"`
+}
+
+type BatchStock struct {
+	Unsold    int `json:"unsold"`
+	Locked    int `json:"locked"`
+	Sold      int `json:"sold"`
+	Recycled  int `json:"recycled"`
+	Withdrawn int `json:"withdrawn"`
+}
 
 type CardConnection struct {
 	Edges    []*CardEdge `json:"edges"`
@@ -41,11 +61,27 @@ type CreateOrderPayload struct {
 }
 
 type CreateProductInput struct {
-	Name        string  `json:"name"`
-	Description *string `json:"description,omitempty"`
-	Price       int64   `json:"price"`
-	Active      *bool   `json:"active,omitempty"`
-	MaxPerOrder *int    `json:"maxPerOrder,omitempty"`
+	Name              string  `json:"name"`
+	Description       *string `json:"description,omitempty"`
+	Price             int64   `json:"price"`
+	Active            *bool   `json:"active,omitempty"`
+	MaxPerOrder       *int    `json:"maxPerOrder,omitempty"`
+	CodePattern       *string `json:"codePattern,omitempty"`
+	CodeMinLength     *int    `json:"codeMinLength,omitempty"`
+	CodeMaxLength     *int    `json:"codeMaxLength,omitempty"`
+	LowStockThreshold *int    `json:"lowStockThreshold,omitempty"`
+}
+
+type ImportFileInput struct {
+	ProductID int64                `json:"productId"`
+	File      graphql.Upload       `json:"file"`
+	Format    *domain.ImportFormat `json:"format,omitempty"`
+	// The column holding the codes (CSV); matched to the header ignoring case.
+	CSVColumn *string `json:"csvColumn,omitempty"`
+	// Up to 255 bytes: the supplier, the invoice, ...
+	SupplierNote *string `json:"supplierNote,omitempty"`
+	// Check everything, change nothing: the report says what would happen.
+	DryRun *bool `json:"dryRun,omitempty"`
 }
 
 type Mutation struct {
@@ -80,9 +116,10 @@ type PageInfo struct {
 type ProductStock struct {
 	Product *domain.Product `json:"product"`
 	// UNSOLD + RECYCLED: what can be sold now.
-	Lockable int `json:"lockable"`
-	Locked   int `json:"locked"`
-	Sold     int `json:"sold"`
+	Lockable  int `json:"lockable"`
+	Locked    int `json:"locked"`
+	Sold      int `json:"sold"`
+	Withdrawn int `json:"withdrawn"`
 }
 
 type Query struct {
@@ -105,6 +142,21 @@ type RefundConnection struct {
 type RefundEdge struct {
 	Cursor string         `json:"cursor"`
 	Node   *domain.Refund `json:"node"`
+}
+
+type RefusalCount struct {
+	Reason domain.RefusalReason `json:"reason"`
+	Count  int                  `json:"count"`
+}
+
+type RevealConnection struct {
+	Edges    []*RevealEdge `json:"edges"`
+	PageInfo *PageInfo     `json:"pageInfo"`
+}
+
+type RevealEdge struct {
+	Cursor string         `json:"cursor"`
+	Node   *domain.Reveal `json:"node"`
 }
 
 type StatementDifferenceConnection struct {
@@ -145,4 +197,9 @@ type UpdateProductInput struct {
 	Price       *int64  `json:"price,omitempty"`
 	Active      *bool   `json:"active,omitempty"`
 	MaxPerOrder *int    `json:"maxPerOrder,omitempty"`
+	// An empty string removes the pattern.
+	CodePattern       *string `json:"codePattern,omitempty"`
+	CodeMinLength     *int    `json:"codeMinLength,omitempty"`
+	CodeMaxLength     *int    `json:"codeMaxLength,omitempty"`
+	LowStockThreshold *int    `json:"lowStockThreshold,omitempty"`
 }
