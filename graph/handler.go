@@ -87,8 +87,8 @@ type Config struct {
 	// MaxUploadBytes is the body limit of a file upload (importCardFile,
 	// multipart); default 32 MiB (413 above it).
 	MaxUploadBytes int64
-	MaxDepth      int   // query depth limit; default 10 (15 under __schema and __type)
-	MaxComplexity int   // query complexity limit, introspection included; default 1000
+	MaxDepth       int // query depth limit; default 10 (15 under __schema and __type)
+	MaxComplexity  int // query complexity limit, introspection included; default 1000
 	// MaxTokens, MaxFields and MaxAliases bound a document before it is
 	// validated (see documentLimits); defaults 2000, 200 and 30.
 	MaxTokens, MaxFields, MaxAliases int
