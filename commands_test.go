@@ -77,7 +77,7 @@ func TestWelcome(t *testing.T) {
 	if strings.Contains(again, cfg.AdminToken) || !strings.Contains(again, tokenFile) || strings.Contains(again, "card_key") {
 		t.Errorf("second start:\n%s", again)
 	}
-	e["KAMI_ADMIN_TOKEN"] = "set-by-hand"
+	e["KAMI_ADMIN_TOKEN"] = "set-by-hand-0123456789abcdef0123456789"
 	if byHand, _ := welcomeOf(); strings.Contains(byHand, "set-by-hand") || strings.Contains(byHand, tokenFile) {
 		t.Errorf("with KAMI_ADMIN_TOKEN set:\n%s", byHand)
 	}

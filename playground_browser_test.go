@@ -203,7 +203,7 @@ func TestPlaygroundInBrowser(t *testing.T) {
 	}
 
 	// The walk-through, as the comment at its top says to do it.
-	setEditor("headers", map[string]string{"Authorization": "Bearer admin-token"})
+	setEditor("headers", map[string]string{"Authorization": "Bearer " + testAdminToken})
 	var created struct{ CreateProduct struct{ ID string } }
 	run("CreateProduct", `"createProduct"`, &created)
 	setEditor("variables", map[string]string{"productId": created.CreateProduct.ID})

@@ -42,14 +42,14 @@ func TestStockThroughTheServer(t *testing.T) {
 			t.Parallel()
 			ta := newTestApp(t, k, env{"KAMI_MAX_UPLOAD_BYTES": "4KiB"})
 			p := ta.product(t, 100)
-			if status, body := ta.uploadFile(t, "admin-token", p.ID, true, "A-1\nA-2\nA-3\n"); status != 200 || !strings.Contains(body, `"dryRun":true,"imported":3`) {
+			if status, body := ta.uploadFile(t, testAdminToken, p.ID, true, "A-1\nA-2\nA-3\n"); status != 200 || !strings.Contains(body, `"dryRun":true,"imported":3`) {
 				t.Fatalf("dry run: %d %s", status, body)
 			}
-			status, body := ta.uploadFile(t, "admin-token", p.ID, false, "A-1\nA-2\nA-3\n")
+			status, body := ta.uploadFile(t, testAdminToken, p.ID, false, "A-1\nA-2\nA-3\n")
 			if status != 200 || !strings.Contains(body, `"imported":3`) {
 				t.Fatalf("import: %d %s", status, body)
 			}
-			if status, body := ta.uploadFile(t, "admin-token", p.ID, false, strings.Repeat("B-123456789\n", 500)); status != 413 || !strings.Contains(body, "PAYLOAD_TOO_LARGE") {
+			if status, body := ta.uploadFile(t, testAdminToken, p.ID, false, strings.Repeat("B-123456789\n", 500)); status != 413 || !strings.Contains(body, "PAYLOAD_TOO_LARGE") {
 				t.Fatalf("an upload over KAMI_MAX_UPLOAD_BYTES: %d %s", status, body)
 			}
 			if status, _ := ta.uploadFile(t, "wrong", p.ID, false, "C-1\n"); status != 401 {
@@ -81,7 +81,7 @@ func TestStockThroughTheServer(t *testing.T) {
 			if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != 401 {
 				t.Fatalf("export without the token: %v %v", res, err)
 			}
-			req.Header.Set("Authorization", "Bearer admin-token")
+			req.Header.Set("Authorization", "Bearer "+testAdminToken)
 			res, err = http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
