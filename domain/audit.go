@@ -300,7 +300,7 @@ func auditWithdrawn(ctx context.Context, db bun.IDB) ([]Violation, error) {
 	err := db.NewSelect().TableExpr("card_stock AS c").Join("JOIN card_batch AS b ON b.id = c.batch_id").
 		ColumnExpr("c.id, c.status, c.batch_id").
 		Where("(c.status = ? AND b.status <> ?) OR (c.status IN (?) AND b.status = ?)",
-			CardWithdrawn, BatchRecalled, bun.In(CardWithdraw.From), BatchRecalled).
+			CardWithdrawn, BatchRecalled, bun.List(CardWithdraw.From), BatchRecalled).
 		Limit(auditLimit).Scan(ctx, &rows)
 	var vs []Violation
 	for _, r := range rows {

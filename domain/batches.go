@@ -87,7 +87,7 @@ func (l *Ledger) BatchesByID(ctx context.Context, ids []int64) (map[int64]*Batch
 		return out, nil
 	}
 	var bs []Batch
-	if err := l.db.NewSelect().Model(&bs).Where("id IN (?)", bun.In(ids)).Scan(ctx); err != nil {
+	if err := l.db.NewSelect().Model(&bs).Where("id IN (?)", bun.List(ids)).Scan(ctx); err != nil {
 		return nil, err
 	}
 	for i := range bs {
@@ -115,7 +115,7 @@ func (l *Ledger) BatchStocks(ctx context.Context, ids []int64) (map[int64]BatchS
 		N       int        `bun:"n"`
 	}
 	if err := l.db.NewSelect().Table("card_stock").Column("batch_id", "status").ColumnExpr("COUNT(*) AS n").
-		Where("batch_id IN (?)", bun.In(ids)).Group("batch_id", "status").Scan(ctx, &rows); err != nil {
+		Where("batch_id IN (?)", bun.List(ids)).Group("batch_id", "status").Scan(ctx, &rows); err != nil {
 		return nil, err
 	}
 	for _, r := range rows {
@@ -144,7 +144,7 @@ func (l *Ledger) BatchOrders(ctx context.Context, batchID, afterID int64, limit 
 	var os []Order
 	q := l.db.NewSelect().Model(&os).
 		Where("order_no IN (SELECT order_no FROM card_stock WHERE batch_id = ? AND status IN (?))",
-			batchID, bun.In([]CardStatus{CardLocked, CardSold}))
+			batchID, bun.List([]CardStatus{CardLocked, CardSold}))
 	hasNext, err := idPage(ctx, q, &os, afterID, limit)
 	if err != nil {
 		return nil, err

@@ -81,7 +81,7 @@ func (l *Ledger) ExportCards(ctx context.Context, f ExportFilter, who Reveal, wr
 			q = q.Where("batch_id = ?", f.BatchID)
 		}
 		if len(f.Statuses) > 0 {
-			q = q.Where("status IN (?)", bun.In(f.Statuses))
+			q = q.Where("status IN (?)", bun.List(f.Statuses))
 		}
 		if err := q.Order("id").Limit(exportPage).Scan(ctx); err != nil {
 			return total, err

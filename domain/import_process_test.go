@@ -48,7 +48,7 @@ func importerMain() int {
 		return 2
 	}
 	var inserts atomic.Int64
-	db.AddQueryHook(insertWatcher{func() {
+	db = db.WithQueryHook(insertWatcher{func() {
 		if inserts.Add(1) == killAfterChunks {
 			fmt.Println("inserted")
 		}

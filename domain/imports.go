@@ -362,7 +362,7 @@ func knownCodes(ctx context.Context, db bun.IDB, productID int64, hashes []strin
 			FROM unnest(?::char(64)[]) AS h(hash)) AS k WHERE k.batch_id IS NOT NULL`, productID, pgdialect.Array(hashes)).Scan(ctx, &rows)
 	} else {
 		err = db.NewSelect().Table("card_stock").Column("code_hash", "batch_id").
-			Where("product_id = ?", productID).Where("code_hash IN (?)", bun.In(hashes)).Scan(ctx, &rows)
+			Where("product_id = ?", productID).Where("code_hash IN (?)", bun.List(hashes)).Scan(ctx, &rows)
 	}
 	if err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func (l *Ledger) CheckStockFell(ctx context.Context, products ...*Product) error
 		}
 		res, err := l.db.NewUpdate().Table("products").Set("low_stock_alerted = ?", true).
 			Where("id = ?", p.ID).Where("low_stock_threshold > 0").Where("low_stock_alerted = ?", false).
-			Where(sellableAtMost, p.ID, bun.In(CardLock.From), p.LowStockThreshold+1).Exec(ctx)
+			Where(sellableAtMost, p.ID, bun.List(CardLock.From), p.LowStockThreshold+1).Exec(ctx)
 		if err != nil {
 			return err
 		}
@@ -92,7 +92,7 @@ func (l *Ledger) CheckStockRose(ctx context.Context, ids ...int64) error {
 		}
 		if _, err := l.db.NewUpdate().Table("products").Set("low_stock_alerted = ?", false).
 			Where("id = ?", id).Where("low_stock_alerted = ?", true).
-			Where("NOT ("+sellableAtMost+")", id, bun.In(CardLock.From), threshold+1).Exec(ctx); err != nil {
+			Where("NOT ("+sellableAtMost+")", id, bun.List(CardLock.From), threshold+1).Exec(ctx); err != nil {
 			return err
 		}
 	}

@@ -633,7 +633,7 @@ func releaseLocked(ctx context.Context, tx bun.Tx, orderNos []string, now time.T
 		N       int    `bun:"n"`
 	}
 	if err := tx.NewSelect().Table("card_stock").Column("order_no", "batch_id").ColumnExpr("COUNT(*) AS n").
-		Where("order_no IN (?)", bun.In(orderNos)).Where("status = ?", CardLocked).
+		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", CardLocked).
 		Group("order_no", "batch_id").Scan(ctx, &locked); err != nil {
 		return nil, nil, err
 	}
@@ -647,7 +647,7 @@ func releaseLocked(ctx context.Context, tx bun.Tx, orderNos []string, now time.T
 	}
 	if len(batchIDs) > 0 {
 		if err := tx.NewRaw("SELECT id, status FROM card_batch WHERE id IN (?) ORDER BY id "+shareLock(tx),
-			bun.In(sortedKeys(batchIDs))).Scan(ctx, &batches); err != nil {
+			bun.List(sortedKeys(batchIDs))).Scan(ctx, &batches); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -674,7 +674,7 @@ func releaseLocked(ctx context.Context, tx bun.Tx, orderNos []string, now time.T
 	}
 	if toWithdraw > 0 {
 		n, err := apply(ctx, tx, CardWithdrawLocked, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
-			return whereOrderNos(orderNos)(q).Where("batch_id IN (?)", bun.In(recalled))
+			return whereOrderNos(orderNos)(q).Where("batch_id IN (?)", bun.List(recalled))
 		})
 		if err != nil {
 			return nil, nil, err

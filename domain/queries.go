@@ -260,7 +260,7 @@ func (l *Ledger) OrderStatuses(ctx context.Context, orderNos []string) (map[stri
 		Status  OrderStatus `bun:"status"`
 	}
 	if err := l.db.NewSelect().Table("orders").Column("order_no", "status").
-		Where("order_no IN (?)", bun.In(orderNos)).Scan(ctx, &rows); err != nil {
+		Where("order_no IN (?)", bun.List(orderNos)).Scan(ctx, &rows); err != nil {
 		return nil, err
 	}
 	for _, r := range rows {

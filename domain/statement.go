@@ -790,7 +790,7 @@ func (r *StatementReconciler) reportedBefore(ctx context.Context, provider strin
 			Subject string `bun:"subject"`
 		}
 		if err := r.Shop.Ledger.db.NewSelect().Model((*StatementDifference)(nil)).Column("kind", "subject").
-			Where("provider = ?", provider).Where("subject IN (?)", bun.In(subjects[start:min(start+500, len(subjects))])).
+			Where("provider = ?", provider).Where("subject IN (?)", bun.List(subjects[start:min(start+500, len(subjects))])).
 			Scan(ctx, &rows); err != nil {
 			return out, err
 		}
@@ -829,7 +829,7 @@ func refundsWhere(ctx context.Context, db bun.IDB, column string, values []strin
 	var out []Refund
 	for start := 0; start < len(values); start += 500 {
 		var part []Refund
-		if err := db.NewSelect().Model(&part).Where("? IN (?)", bun.Ident(column), bun.In(values[start:min(start+500, len(values))])).
+		if err := db.NewSelect().Model(&part).Where("? IN (?)", bun.Ident(column), bun.List(values[start:min(start+500, len(values))])).
 			Scan(ctx); err != nil {
 			return nil, err
 		}

@@ -32,7 +32,7 @@ func BenchmarkLimits(b *testing.B) {
 			orderNo status amount quantity expiresAt paidAt cards product { name price } } }`,
 			map[string]any{"no": "26120100000000000001", "t": "token"}},
 	} {
-		parsed, errs := gqlparser.LoadQuery(es.Schema(), doc.query)
+		parsed, errs := gqlparser.LoadQueryWithRules(es.Schema(), doc.query, nil)
 		if errs != nil {
 			b.Fatal(errs)
 		}

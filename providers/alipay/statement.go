@@ -48,8 +48,6 @@ const (
 	opStatement = "statement"
 	// subBillNotExist is Alipay's answer for a bill it has not made (yet).
 	subBillNotExist = "isp.bill_not_exist"
-	// billMethod names the call, for errors and the emulator.
-	billMethod = "alipay.data.dataservice.bill.downloadurl.query"
 )
 
 // Limits on what a statement download may take: the zip, and each file in

@@ -169,7 +169,7 @@ func TestParseStatementZip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.WriteString(w, string(encodeGBK(t, f.body)))
+		w.Write(encodeGBK(t, f.body))
 	}
 	zw.Close()
 	st, err := alipay.ParseStatement(buf.Bytes(), day(t, "2026-12-01"))
