@@ -488,6 +488,10 @@ const (
 	CloseSkipped CloseOutcome = "SKIPPED"   // not PENDING any more (paid, closed by someone else)
 	CloseNotDue  CloseOutcome = "NOT_DUE"   // PENDING but expires_at is still ahead
 	CloseMissing CloseOutcome = "NOT_FOUND" // no such order
+	// CloseDeferred: PENDING and due, but its gateway's answer was not a
+	// clear "not paid" (no answer, a payment that could not be recorded):
+	// left open and checked again at RetryAt.
+	CloseDeferred CloseOutcome = "DEFERRED"
 )
 
 // CloseResult reports one order of a CloseOrders call.
@@ -503,6 +507,8 @@ type CloseResult struct {
 	// their batch was recalled.
 	Withdrawn int
 	ExpiresAt time.Time
+	// RetryAt is when a CloseDeferred order is to be tried again.
+	RetryAt time.Time
 	// Inconsistent is set when the order did not hold Quantity locked
 	// cards; it was closed all the same and an alert was raised.
 	Inconsistent bool

@@ -73,6 +73,7 @@ type Stats struct {
 	Closed        int64 // orders this process closed (PENDING → CLOSED)
 	Skipped       int64 // claimed orders that had moved on (paid, closed elsewhere)
 	NotDue        int64 // claimed before their expires_at; rescheduled
+	Deferred      int64 // due, but their pre-close check had no clear answer; rescheduled
 	Unknown       int64 // members naming no order or refund: logged and acked
 	CloseErrors   int64 // close batches that failed (their lease brings them back)
 	Refunds       int64 // refund attempts made
@@ -88,9 +89,9 @@ type Stats struct {
 }
 
 type counters struct {
-	closed, skipped, notDue, unknown, closeErrors, refunds, refundErrors atomic.Int64
-	recovered, swept, sweptClosed, redisErrors                           atomic.Int64
-	latCount, latSum, latMax, lastSweepRows                              atomic.Int64
+	closed, skipped, notDue, deferred, unknown, closeErrors, refunds, refundErrors atomic.Int64
+	recovered, swept, sweptClosed, redisErrors                                     atomic.Int64
+	latCount, latSum, latMax, lastSweepRows                                        atomic.Int64
 }
 
 // Workers drain the close and refund queues into the ledger, bring back
@@ -154,7 +155,7 @@ func NewWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, shop *domain.S
 // Stats returns the counters.
 func (w *Workers) Stats() Stats {
 	c := &w.c
-	return Stats{Closed: c.closed.Load(), Skipped: c.skipped.Load(), NotDue: c.notDue.Load(), Unknown: c.unknown.Load(),
+	return Stats{Closed: c.closed.Load(), Skipped: c.skipped.Load(), NotDue: c.notDue.Load(), Deferred: c.deferred.Load(), Unknown: c.unknown.Load(),
 		CloseErrors: c.closeErrors.Load(), Refunds: c.refunds.Load(), RefundErrors: c.refundErrors.Load(),
 		Recovered: c.recovered.Load(), Swept: c.swept.Load(), SweptClosed: c.sweptClosed.Load(), RedisErrors: c.redisErrors.Load(),
 		LatencyCount: c.latCount.Load(), LatencySumNS: c.latSum.Load(), LatencyMaxNS: c.latMax.Load(), LastSweepRows: c.lastSweepRows.Load()}
@@ -322,6 +323,11 @@ func (w *Workers) closeMembers(ctx context.Context, c Claimed) error {
 		case domain.CloseNotDue:
 			w.c.notDue.Add(1)
 			resched = append(resched, Item{Member: r.OrderNo, Due: r.ExpiresAt})
+		case domain.CloseDeferred:
+			// Its gateway gave no clear "not paid": it stays open and
+			// comes back when it is to be checked again.
+			w.c.deferred.Add(1)
+			resched = append(resched, Item{Member: r.OrderNo, Due: r.RetryAt})
 		case domain.CloseMissing:
 			w.c.unknown.Add(1)
 			w.log.Warn("close queue named an order that does not exist; dropped", "member", r.OrderNo)
