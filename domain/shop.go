@@ -192,6 +192,14 @@ func (s *Shop) productExists(ctx context.Context, productID int64) error {
 
 func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *PlacedOrder, method, clientIP string) (*Checkout, error) {
 	o := placed.Order
+	if placed.Replayed && o.Status != OrderPending {
+		// A retry of an order that was paid, closed or refunded: there is
+		// nothing left to pay, and a new payment for it would take money
+		// for an order that can no longer deliver. The contract's payment
+		// is never null, so the answer is an error naming the order.
+		return nil, Errorf(ECONFLICT, "the order placed with this idempotencyKey (%s) is %s and can no longer be paid; see it with order(orderNo, accessToken), or place a new order with a new key",
+			o.OrderNo, o.Status)
+	}
 	subject := fmt.Sprintf("Order %s", o.OrderNo)
 	if placed.Product != nil {
 		subject = placed.Product.Name
@@ -202,7 +210,11 @@ func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *Place
 		Subject: subject, ExpiresAt: o.ExpiresAt, ClientIP: clientIP, Method: method})
 	if err != nil {
 		if providers.KindOf(err) == providers.Unsupported {
-			s.cancelUnpayable(ctx, o)
+			if !placed.Replayed {
+				// Only the order this request made is cancelled: a retry
+				// with a bad method leaves the buyer's live order alone.
+				s.cancelUnpayable(ctx, o)
+			}
 			return nil, Errorf(EBADINPUT, "payment method %q is not offered by %s", method, p.Name())
 		}
 		s.log().ErrorContext(ctx, "create payment failed", "order", o.OrderNo, "provider", p.Name(), "err", err)
@@ -283,8 +295,10 @@ func (s *Shop) CancelOrder(ctx context.Context, orderNo, token string) (*Order, 
 func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseReason) ([]CloseResult, error) {
 	var dueBy time.Time
 	var decided []CloseResult
-	if s.PreCloseCheck && reason == CloseTimeout {
-		dueBy = s.Ledger.now()
+	if s.PreCloseCheck {
+		if reason == CloseTimeout {
+			dueBy = s.Ledger.now()
+		}
 		var err error
 		if orderNos, decided, err = s.preClose(ctx, orderNos, dueBy); err != nil {
 			// Nothing could be checked: nothing is closed.
