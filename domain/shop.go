@@ -65,11 +65,24 @@ type Shop struct {
 	// CheckRetry is how long an order waits to be checked again when its
 	// pre-close check had no clear answer; default DefaultCheckRetry.
 	CheckRetry time.Duration
+	// CheckBudget bounds the pre-close check of one batch as a whole: the
+	// orders not checked within it are deferred, not closed. The close
+	// workers keep it well under their lease (a third of it), so that a
+	// batch is closed before lease recovery hands it to another process;
+	// default DefaultCheckBudget.
+	CheckBudget time.Duration
+	// BreakerFailures is how many provider calls of the pre-close check
+	// may fail in a row before that provider is not called for
+	// BreakerCooldown: its orders are deferred meanwhile, the others'
+	// closes go on. Defaults DefaultBreakerFailures, DefaultBreakerCooldown.
+	BreakerFailures int
+	BreakerCooldown time.Duration
 	// Observer hears every placement, close, payment and refund attempt
 	// (metrics); nil for none.
 	Observer Observer
 
 	products sync.Map // product ids known to exist (see productExists)
+	breakers sync.Map // provider name → *breaker (see preClose)
 }
 
 func (s *Shop) log() *slog.Logger {
@@ -362,6 +375,79 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 // clear "not paid" waits before it is checked again.
 const DefaultCheckRetry = time.Minute
 
+// Defaults of the pre-close check's bounds.
+const (
+	DefaultCheckBudget     = 10 * time.Second
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = 30 * time.Second
+)
+
+func (s *Shop) checkBudget() time.Duration {
+	if s.CheckBudget > 0 {
+		return s.CheckBudget
+	}
+	return DefaultCheckBudget
+}
+
+// breaker is the circuit breaker of one provider on the pre-close check.
+type breaker struct {
+	mu        sync.Mutex
+	fails     int       // calls failed in a row
+	openUntil time.Time // no calls before this
+}
+
+// allow reports whether the provider may be called at now.
+func (b *breaker) allow(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !now.Before(b.openUntil)
+}
+
+// record notes a call's outcome, and reports whether this failure opened
+// the breaker. Once open and cooled down, one call goes through: a
+// success closes it, a failure opens it again at once.
+func (b *breaker) record(failed bool, now time.Time, failures int, cooldown time.Duration) (opened bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !failed {
+		b.fails = 0
+		return false
+	}
+	b.fails++
+	if b.fails >= failures && !now.Before(b.openUntil) {
+		b.openUntil = now.Add(cooldown)
+		return true
+	}
+	return false
+}
+
+func (s *Shop) breaker(provider string) *breaker {
+	b, _ := s.breakers.LoadOrStore(provider, &breaker{})
+	return b.(*breaker)
+}
+
+// providerCalled feeds a pre-close call's outcome to the provider's
+// breaker. A call cut short by the check's own budget says nothing of
+// the provider; an answer, even a refusal, says it is up.
+func (s *Shop) providerCalled(ctx context.Context, p providers.Provider, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	failures, cooldown := s.BreakerFailures, s.BreakerCooldown
+	if failures <= 0 {
+		failures = DefaultBreakerFailures
+	}
+	if cooldown <= 0 {
+		cooldown = DefaultBreakerCooldown
+	}
+	failed := err != nil && providers.KindOf(err) == providers.Temporary
+	if s.breaker(p.Name()).record(failed, s.Ledger.now(), failures, cooldown) {
+		msg := fmt.Sprintf("%d calls in a row failed; its orders are not checked, and so not closed, for %s", failures, cooldown)
+		s.log().ErrorContext(ctx, "provider circuit breaker opened", "provider", p.Name(), "failures", failures, "cooldown", cooldown)
+		s.Ledger.alerts.Alert(ctx, Alert{Kind: "provider_unavailable", Subject: p.Name(), Message: msg})
+	}
+}
+
 func (s *Shop) checkRetry() time.Duration {
 	if s.CheckRetry > 0 {
 		return s.CheckRetry
@@ -422,8 +508,13 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 	}
 	verdicts := make([]tradeVerdict, len(orderNos))
 	status := make([]OrderStatus, len(orderNos))
+	// The whole check fits in its budget: what is not checked by then is
+	// deferred, so the batch is closed while its lease still holds it.
+	bctx, cancel := context.WithTimeout(ctx, s.checkBudget())
+	defer cancel()
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
+	var skipped, breakerOpen int
 	for i, no := range orderNos {
 		verdicts[i] = tradeNotPaid
 		o := dueByNo[no]
@@ -438,15 +529,33 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 			s.log().WarnContext(ctx, "closing without a trade check: provider not enabled", "order", no, "provider", o.Provider)
 			continue
 		}
+		if !s.breaker(p.Name()).allow(s.Ledger.now()) {
+			verdicts[i] = tradeUnsure
+			breakerOpen++
+			continue
+		}
+		if bctx.Err() == nil {
+			select {
+			case sem <- struct{}{}:
+			case <-bctx.Done():
+			}
+		}
+		if bctx.Err() != nil {
+			verdicts[i] = tradeUnsure
+			skipped++
+			continue
+		}
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			verdicts[i], status[i] = s.checkTrade(ctx, p, o, timeout)
+			verdicts[i], status[i] = s.checkTrade(bctx, p, o, timeout)
 		}()
 	}
 	wg.Wait()
+	if skipped > 0 || breakerOpen > 0 {
+		s.log().WarnContext(ctx, "orders deferred unchecked", "out_of_budget", skipped, "provider_breaker_open", breakerOpen, "budget", s.checkBudget())
+	}
 	retryAt := s.Ledger.now().Add(s.checkRetry())
 	for i, no := range orderNos {
 		o := dueByNo[no]
@@ -470,12 +579,14 @@ func (s *Shop) checkTrade(ctx context.Context, p providers.Provider, o *Order, t
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st, err := p.QueryPayment(cctx, o.OrderNo)
+	s.providerCalled(ctx, p, err)
 	if err != nil {
 		s.log().WarnContext(ctx, "trade query before close failed; the order stays open and is checked again", "order", o.OrderNo, "provider", p.Name(), "err", err)
 		return tradeUnsure, ""
 	}
 	if st.Status != providers.TradePaid {
 		err := p.ClosePayment(cctx, o.OrderNo)
+		s.providerCalled(ctx, p, err)
 		if err == nil {
 			return tradeNotPaid, ""
 		}

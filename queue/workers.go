@@ -149,6 +149,12 @@ func NewWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, shop *domain.S
 	if g, ok := shop.Gate.(*StockGate); ok {
 		w.gate = g
 	}
+	// A claimed batch must be closed before its lease ends, or lease
+	// recovery hands it to another process that asks the gateways again:
+	// the pre-close check gets a third of the lease, the close the rest.
+	if budget := cfg.Lease / 3; shop.CheckBudget <= 0 || shop.CheckBudget > budget {
+		shop.CheckBudget = budget
+	}
 	return w
 }
 
