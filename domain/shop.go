@@ -309,10 +309,14 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 	var dueBy time.Time
 	var decided []CloseResult
 	if s.PreCloseCheck {
-		if reason == CloseTimeout {
-			dueBy = s.Ledger.now()
-		}
 		var err error
+		if reason == CloseTimeout {
+			// The database's clock, as the close transaction will judge.
+			if dueBy, err = s.Ledger.DBNow(ctx); err != nil {
+				s.observer().CloseFailed(len(orderNos))
+				return nil, err
+			}
+		}
 		if orderNos, decided, err = s.preClose(ctx, orderNos, dueBy); err != nil {
 			// Nothing could be checked: nothing is closed.
 			s.observer().CloseFailed(len(orderNos))
@@ -328,7 +332,7 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 		rs = append(rs, decided...)
 		sort.Slice(rs, func(i, j int) bool { return rs[i].OrderNo < rs[j].OrderNo })
 	}
-	now := s.Ledger.now()
+	now := s.Ledger.DBTime() // expires_at is the database's time
 	released := map[int64]int{}
 	for _, r := range rs {
 		var lateBy time.Duration
@@ -556,7 +560,7 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 	if skipped > 0 || breakerOpen > 0 {
 		s.log().WarnContext(ctx, "orders deferred unchecked", "out_of_budget", skipped, "provider_breaker_open", breakerOpen, "budget", s.checkBudget())
 	}
-	retryAt := s.Ledger.now().Add(s.checkRetry())
+	retryAt := s.Ledger.DBTime().Add(s.checkRetry()) // a due time, as the queues judge them
 	for i, no := range orderNos {
 		o := dueByNo[no]
 		switch verdicts[i] {

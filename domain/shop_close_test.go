@@ -68,7 +68,7 @@ func TestCloseAtTheDueBoundary(t *testing.T) {
 		shop := &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(gw), PreCloseCheck: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 
 		clock := &tickingClock{t: o.ExpiresAt.Add(-2 * time.Microsecond)} // the first read is one microsecond early
-		b.ledger.Now = clock.Now
+		b.ledger.Now, b.ledger.DBClock = clock.Now, clock.Now
 		rs, err := shop.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseTimeout)
 		if err != nil {
 			t.Fatal(err)
@@ -265,6 +265,75 @@ func TestTradeCloseRefusedAsPaid(t *testing.T) {
 				}
 				sb.mustAudit(t)
 			})
+		}
+	})
+}
+
+// TestFastProcessClockClosesNothingEarly: a process whose own clock runs
+// an hour fast neither closes an order before it is due by the database's
+// clock (nor closes its trade at the gateway), nor gives a new order an
+// expiry an hour late: due times are the database's.
+func TestFastProcessClockClosesNothingEarly(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+		p := b.product(t, 500, 2)
+		o := b.order(t, p, 1).Order // placed by a process with a true clock
+		sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://127.0.0.1/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw := &paidAtGateway{Provider: sb, amountFen: o.AmountFen}
+		shop := checkingShop(b, gw)
+
+		b.ledger.Now = func() time.Time { return b.clock.Now().Add(time.Hour) } // this process runs fast
+		r, err := closeOne(t, shop, b.ctx, o.OrderNo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome != domain.CloseNotDue || gw.closed.Load() != 0 {
+			t.Fatalf("a fast process's close: %+v, %d trades closed at the gateway; want NOT_DUE and none", r, gw.closed.Load())
+		}
+		rs, err := b.ledger.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseTimeout)
+		if err != nil || rs[0].Outcome != domain.CloseNotDue {
+			t.Fatalf("the ledger's close in a fast process: %+v, %v; want NOT_DUE", rs, err)
+		}
+
+		placed := b.order(t, p, 1).Order // placed by the fast process
+		if want := b.clock.Now().Add(time.Minute); !placed.ExpiresAt.Equal(want) {
+			t.Fatalf("a fast process's order expires at %s, want %s (the database's now plus the TTL)", placed.ExpiresAt, want)
+		}
+		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderPending {
+			t.Fatalf("order %s, want PENDING until it is due", got.Status)
+		}
+	})
+}
+
+// TestDatabaseClockIsRead: with no stand-in, the ledger reads the
+// database's own clock, on every database kind; a process clock an hour
+// fast changes neither a new order's expiry nor what is due.
+func TestDatabaseClockIsRead(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+		b.ledger.DBClock = nil
+		b.ledger.Now = func() time.Time { return time.Now().Add(time.Hour) }
+		p := b.product(t, 500, 1)
+		before := time.Now().Add(-time.Minute) // generous: the database's clock may lag this one a little
+		o := b.order(t, p, 1).Order
+		after := time.Now().Add(time.Minute)
+		if o.ExpiresAt.Before(before.Add(time.Minute)) || o.ExpiresAt.After(after.Add(time.Minute)) {
+			t.Fatalf("expires at %s, want about the database's now plus a minute (%s .. %s)", o.ExpiresAt, before.Add(time.Minute), after.Add(time.Minute))
+		}
+		rs, err := b.ledger.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseTimeout)
+		if err != nil || rs[0].Outcome != domain.CloseNotDue {
+			t.Fatalf("close by a fast process: %+v, %v; want NOT_DUE", rs, err)
+		}
+		if err := b.ledger.SyncClock(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Until(b.ledger.DBTime()); d > time.Minute || d < -time.Minute {
+			t.Fatalf("DBTime is %s away from the machine's clock, want the database's time despite the fast process clock", d)
 		}
 	})
 }

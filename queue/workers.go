@@ -35,7 +35,11 @@ type Config struct {
 	// default 50ms.
 	CloseGather time.Duration
 	MaxBackoff  time.Duration // longest pause after Redis or database errors; default 5s
-	// Now is the clock; default the ledger's.
+	// Now is the clock claims, leases and due times are judged by; default
+	// the ledger's DBTime (the database's clock as this process knows it),
+	// kept in step by SyncClock at start and at every lease recovery, so
+	// that a process with a fast clock neither claims orders early nor
+	// takes over another process's leases.
 	Now func() time.Time
 }
 
@@ -63,7 +67,7 @@ func (c Config) withDefaults(l *domain.Ledger) Config {
 	defD(&c.CloseGather, 50*time.Millisecond)
 	defD(&c.MaxBackoff, 5*time.Second)
 	if c.Now == nil {
-		c.Now = func() time.Time { return l.Now() }
+		c.Now = l.DBTime
 	}
 	return c
 }
@@ -186,6 +190,7 @@ func (w *Workers) Start(ctx context.Context) error {
 	}
 	w.started = true
 	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.syncClock()
 	lg := cronLogger{w.log}
 	w.cron = cron.New(cron.WithSeconds(), cron.WithLogger(lg),
 		cron.WithChain(cron.Recover(lg), cron.SkipIfStillRunning(lg)))
@@ -479,7 +484,16 @@ func (w *Workers) refundOne(ctx context.Context, until time.Time, refundNo strin
 
 // --- leases ----------------------------------------------------------------
 
+// syncClock measures the database's clock again (see Ledger.SyncClock);
+// on failure the last measure stands.
+func (w *Workers) syncClock() {
+	if err := w.ledger.SyncClock(w.ctx); err != nil {
+		w.log.Warn("reading the database's clock failed; keeping the last offset", "err", err)
+	}
+}
+
 func (w *Workers) recoverLeases() {
+	w.syncClock() // leases are judged by the database's clock
 	now := w.cfg.Now()
 	for _, q := range []*DelayQueue{w.closeQ, w.refundQ} {
 		n, err := q.Recover(w.ctx, now)
