@@ -56,9 +56,11 @@ type Shop struct {
 	Log       *slog.Logger
 	// PublicBaseURL prefixes pay URLs that kami serves itself (sandbox).
 	PublicBaseURL string
-	// PreCloseCheck asks the provider whether a due order was paid before
-	// closing it (a lost notification then delivers instead of closing),
-	// and closes the trade at the provider. On by default in the server.
+	// PreCloseCheck asks the provider whether an order was paid before
+	// closing it, on its timeout or its buyer's cancel (a lost
+	// notification then delivers instead of closing), and closes the trade
+	// at the provider; an order without a clear "not paid" is not closed.
+	// On in the server.
 	PreCloseCheck bool
 	// ProviderTimeout bounds each call made to a provider on the close path.
 	ProviderTimeout time.Duration
