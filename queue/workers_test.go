@@ -91,7 +91,7 @@ func TestWorkersCloseWellUnderASecondAfterDue(t *testing.T) {
 	rs := redistest.Open(t, redistest.Mini)
 	db := dbtest.Open(t, dbtest.SQLite)
 	e := newEnv(t, db, rs, domain.Config{OrderTTL: 700 * time.Millisecond})
-	e.ledger.Now = time.Now // real time: the waker's timing is what is measured
+	e.ledger.Now, e.ledger.DBClock = time.Now, time.Now // real time: the waker's timing is what is measured
 	p := e.product(t, 20)
 	w := e.workers(t, queue.Config{WakeCap: time.Second})
 	for i := range 10 {
@@ -121,7 +121,7 @@ func TestWorkersGatherDueOrdersIntoBatches(t *testing.T) {
 	closes := &closeCounter{}
 	db = db.WithQueryHook(closes)
 	e := newEnv(t, db, rs, domain.Config{OrderTTL: 500 * time.Millisecond})
-	e.ledger.Now = time.Now // real time: the waker's timing is what is tested
+	e.ledger.Now, e.ledger.DBClock = time.Now, time.Now // real time: the waker's timing is what is tested
 	p := e.product(t, 20)
 	w := e.workers(t, queue.Config{WakeCap: time.Second, CloseGather: 400 * time.Millisecond})
 	for i := range 20 {
