@@ -125,8 +125,14 @@ func (s *Server) NewClient(t testing.TB) redis.UniversalClient {
 		t.Fatal(err)
 	}
 	// No go-redis retries, as queue.Connect sets them: a retried stock
-	// script could count twice.
-	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.MaxRetries = time.Second, time.Second, time.Second, -1
+	// script could count twice. No read or write deadlines and a long
+	// wait for a pooled connection: on a busy machine under -race an
+	// in-process miniredis can take seconds to answer a thousand
+	// goroutines, and a test must not fail because the machine is slow.
+	// A Redis that is gone still fails at once (connection refused or
+	// reset); the dial keeps a bound for a stopped one.
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.MaxRetries = 10*time.Second, -1, -1, -1
+	opts.PoolTimeout = 5 * time.Minute
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	return c
