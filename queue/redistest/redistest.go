@@ -14,6 +14,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,11 +71,11 @@ func Open(t testing.TB, k Kind) *Server {
 			t.Fatal(err)
 		}
 		t.Cleanup(m.Close)
-		s := &Server{Kind: Mini, URL: "redis://" + m.Addr() + "/0", Mini: m}
+		s := &Server{Kind: Mini, URL: patient("redis://" + m.Addr() + "/0"), Mini: m}
 		s.Client = s.NewClient(t)
 		return s
 	case Real:
-		s := &Server{Kind: Real, URL: real(t)}
+		s := &Server{Kind: Real, URL: patient(real(t))}
 		s.Client = s.NewClient(t)
 		return s
 	}
@@ -112,6 +113,24 @@ func real(t testing.TB) string {
 			t.Fatalf("Redis is required (KAMI_TEST_REQUIRE_SERVICES=1) but unreachable at %s: %s", u, realDown)
 		}
 		t.Skipf("Redis unreachable at %s, skipped: %s", u, realDown)
+	}
+	return u
+}
+
+// patient adds to a Redis URL the timeouts of a test client (see
+// NewClient), for the servers and worker processes a test starts with it:
+// no read or write deadlines, a long wait for a pooled connection, a
+// bounded dial. Timeouts the URL names already are kept.
+func patient(u string) string {
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	for _, kv := range []string{"dial_timeout=10s", "read_timeout=-1", "write_timeout=-1", "pool_timeout=5m"} {
+		if !strings.Contains(u, strings.Split(kv, "=")[0]+"=") {
+			u += sep + kv
+			sep = "&"
+		}
 	}
 	return u
 }
