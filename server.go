@@ -558,7 +558,8 @@ func (a *app) webhook(w http.ResponseWriter, r *http.Request) {
 
 func (a *app) payPageOrder(ctx context.Context, orderNo string) (sandbox.PageOrder, error) {
 	o, err := a.ledger.Order(ctx, orderNo)
-	if domain.ErrorCode(err) == domain.ENOTFOUND {
+	if c := domain.ErrorCode(err); c == domain.ENOTFOUND || c == domain.EBADINPUT {
+		// BAD_INPUT: a number no order can have (too long).
 		return sandbox.PageOrder{}, sandbox.ErrOrderNotFound
 	}
 	if err != nil {

@@ -315,3 +315,34 @@ func TestLongDocumentsAreNotKept(t *testing.T) {
 		t.Fatalf("the heap grew by %d bytes after 100 documents of 200 KB", grown)
 	}
 }
+
+// TestOverlongOrderNumberIsBadInput: a 10 KB "order number" was looked up
+// in the database, and its NOT_FOUND echoed all 10 KB back. No order has a
+// number longer than the column, so every operation that takes one answers
+// BAD_INPUT without a statement, without echoing it.
+func TestOverlongOrderNumberIsBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	long := strings.Repeat("9", 10_000)
+	vars := map[string]any{"no": long}
+	for _, c := range []struct {
+		who   as
+		query string
+	}{
+		{anon, `query($no: String!) { order(orderNo: $no, accessToken: "x") { status } }`},
+		{admin, `query($no: String!) { order(orderNo: $no) { status } }`},
+		{anon, `mutation($no: String!) { cancelOrder(orderNo: $no, accessToken: "x") { status } }`},
+		{admin, `mutation($no: String!) { refundOrder(orderNo: $no) { refundNo } }`},
+		{admin, `mutation($no: String!) { syncOrder(orderNo: $no) { order { status } } }`},
+		{admin, `query($no: String) { reveals(orderNo: $no) { edges { node { channel } } } }`},
+	} {
+		before := b.queries.all.Load()
+		e := b.do(t, c.who, c.query, vars).wantCode(t, domain.EBADINPUT)
+		if n := b.queries.all.Load() - before; n != 0 {
+			t.Errorf("%s: %d statements ran, want none", c.query, n)
+		}
+		if len(e.Message) > 200 {
+			t.Errorf("%s: a message of %d bytes echoes the number", c.query, len(e.Message))
+		}
+	}
+}

@@ -77,13 +77,15 @@ func (e *memEvents) Subscribe(ctx context.Context, orderNo string) (<-chan domai
 	return ch, func() { cancel(); <-done }
 }
 
-// queryCounter counts the SELECTs a database runs.
-type queryCounter struct{ selects atomic.Int64 }
+// queryCounter counts the statements a database runs, and the SELECTs
+// among them.
+type queryCounter struct{ all, selects atomic.Int64 }
 
 func (q *queryCounter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
 	return ctx
 }
 func (q *queryCounter) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
+	q.all.Add(1)
 	if strings.HasPrefix(strings.TrimSpace(strings.ToUpper(ev.Query)), "SELECT") {
 		q.selects.Add(1)
 	}
