@@ -64,7 +64,8 @@ type Config struct {
 	// /metrics asks for.
 	MetricsToken string
 	// MaxSubscriptionsPerConnection (KAMI_MAX_SUBSCRIPTIONS_PER_CONNECTION,
-	// default 20) and MaxWebSocketsPerAddress
+	// default 20): the operations one WebSocket may start over its life,
+	// failed and completed ones included; MaxWebSocketsPerAddress
 	// (KAMI_MAX_WEBSOCKETS_PER_ADDRESS, default 50); 0: no cap.
 	MaxSubscriptionsPerConnection, MaxWebSocketsPerAddress int
 	LogFormat                                              string // KAMI_LOG_FORMAT: text (default) or json
