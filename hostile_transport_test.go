@@ -199,3 +199,96 @@ func TestWrongAmountAlertedOnce(t *testing.T) {
 		t.Errorf("order %s, want PENDING", o.Status)
 	}
 }
+
+// slowUpload is a file import sent by hand over its own connection, with a
+// chunked body, so that the test decides when each piece of it leaves.
+type slowUpload struct {
+	t    *testing.T
+	conn net.Conn
+}
+
+func startUpload(t *testing.T, ta *testApp, productID int64) *slowUpload {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(ta.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	const boundary = "kami-slow-upload"
+	fmt.Fprintf(conn, "POST /graphql HTTP/1.1\r\nHost: kami.test\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: multipart/form-data; boundary=%s\r\nTransfer-Encoding: chunked\r\n\r\n", testAdminToken, boundary)
+	u := &slowUpload{t: t, conn: conn}
+	u.send(fmt.Sprintf("--%s\r\nContent-Disposition: form-data; name=\"operations\"\r\n\r\n"+
+		`{"query":"mutation($in: ImportFileInput!) { importCardFile(input: $in) { imported } }","variables":{"in":{"productId":"%d","file":null}}}`+
+		"\r\n--%s\r\nContent-Disposition: form-data; name=\"map\"\r\n\r\n"+`{"0":["variables.in.file"]}`+
+		"\r\n--%s\r\nContent-Disposition: form-data; name=\"0\"; filename=\"codes.txt\"\r\n\r\n", boundary, productID, boundary, boundary))
+	return u
+}
+
+// send sends s as one chunk.
+func (u *slowUpload) send(s string) {
+	u.t.Helper()
+	if _, err := fmt.Fprintf(u.conn, "%x\r\n%s\r\n", len(s), s); err != nil {
+		u.t.Fatalf("upload: %v", err)
+	}
+}
+
+// finish ends the file and the body.
+func (u *slowUpload) finish() {
+	u.send("\r\n--kami-slow-upload--\r\n")
+	io.WriteString(u.conn, "0\r\n\r\n")
+}
+
+// answer waits for the server's answer.
+func (u *slowUpload) answer() (int, string) {
+	u.t.Helper()
+	u.conn.SetReadDeadline(time.Now().Add(2 * time.Minute)) // a guard against hanging, not a measure
+	res, err := http.ReadResponse(bufio.NewReader(u.conn), nil)
+	if err != nil {
+		u.t.Fatalf("no answer to the upload: %v", err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return res.StatusCode, string(b)
+}
+
+// TestUploadDeadlineRolls: a file import is read while it is imported, so
+// its body cannot have one fixed deadline; bodyDeadline moves it on with
+// every read that brings data. An upload that keeps sending, for longer in
+// all than BodyReadTimeout but never pausing that long, is imported whole;
+// one that stops sending is cut off once BodyReadTimeout has passed
+// without data, answered, and imports nothing. The test paces the steady
+// upload far inside the deadline and waits for answers; it times nothing.
+func TestUploadDeadlineRolls(t *testing.T) {
+	t.Parallel()
+	const d = 2 * time.Second
+	ta := newTestAppWith(t, dbtest.SQLite, nil, func(c *Config) { c.BodyReadTimeout = d })
+
+	steady := ta.product(t, 100)
+	u := startUpload(t, ta, steady.ID)
+	lines := 0
+	for start := time.Now(); time.Since(start) < 2*d; lines++ {
+		u.send(fmt.Sprintf("STEADY-%05d\n", lines))
+		time.Sleep(d / 40) // pacing, far below the deadline
+	}
+	u.finish()
+	if status, body := u.answer(); status != 200 || !strings.Contains(body, fmt.Sprintf(`"imported":%d`, lines)) {
+		t.Fatalf("a steady upload of %d lines over twice the body deadline: %d %s", lines, status, body)
+	}
+
+	stalled := ta.product(t, 100)
+	u = startUpload(t, ta, stalled.ID)
+	u.send("STALLED-1\nSTALLED-2\n")
+	status, body := u.answer() // the upload never goes on
+	if status != http.StatusRequestTimeout {
+		t.Errorf("a stalled upload: %d %s, want 408 as for any slow body", status, body)
+	}
+	counts, err := ta.ledger.StockCounts(t.Context(), stalled.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := counts[stalled.ID]; c.Lockable != 0 {
+		t.Fatalf("a stalled upload imported %d cards", c.Lockable)
+	}
+	t.Logf("steady upload: %d lines; stalled upload: %d %s", lines, status, body)
+}
