@@ -292,3 +292,48 @@ func TestUploadDeadlineRolls(t *testing.T) {
 	}
 	t.Logf("steady upload: %d lines; stalled upload: %d %s", lines, status, body)
 }
+
+// TestSlowMultipartBodyIsCutForStrangers: the body deadline moved on with
+// every read of any multipart body, so a stranger posting
+// "multipart/form-data" to the webhook (or any other route) and sending a
+// byte every few seconds held the connection open for days. Only an
+// admin's file upload keeps reading now; this sender is cut off after the
+// deadline. The test keeps sending, far faster than the deadline, until it
+// is answered; it times nothing.
+func TestSlowMultipartBodyIsCutForStrangers(t *testing.T) {
+	t.Parallel()
+	const d = time.Second
+	ta := newTestAppWith(t, dbtest.SQLite, nil, func(c *Config) { c.BodyReadTimeout = d })
+	for _, path := range []string{"/webhooks/sandbox", "/graphql"} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(ta.srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: kami.test\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: 60000\r\n\r\n", path)
+		answered := make(chan struct{})
+		go func() {
+			defer close(answered)
+			conn.SetReadDeadline(time.Now().Add(2 * time.Minute)) // a guard against hanging, not a measure
+			if res, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+				res.Body.Close()
+			}
+		}()
+		// A byte at a time, twenty times faster than the deadline, for up
+		// to sixty deadlines: only a deadline that keeps moving lasts.
+		cut := false
+		for start := time.Now(); !cut && time.Since(start) < 60*d; {
+			select {
+			case <-answered:
+				cut = true
+			case <-time.After(d / 20):
+				if _, err := conn.Write([]byte("a")); err != nil {
+					cut = true
+				}
+			}
+		}
+		if !cut {
+			t.Errorf("%s: a multipart body sent a byte at a time held the connection for sixty body deadlines", path)
+		}
+	}
+}

@@ -15,12 +15,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -460,17 +460,20 @@ func (a *app) routes(events *queue.Events) http.Handler {
 // body: a client announcing 100 KB and sending 10 bytes is cut off then
 // (the handler reads a timeout) instead of holding its connection open.
 // The deadline is lifted once the body has been read, so the handler's own
-// work is not cut short. A file upload (multipart, admins only: the
-// transport checks the token before it reads a byte) is read while it is
-// imported, for as long as the import takes: its deadline moves on with
-// every read that brings data, so only a stalled upload is cut.
+// work is not cut short. A file upload is read while it is imported, for
+// as long as the import takes: once the upload transport has checked the
+// admin token (graph.WithBodyRolling), its deadline moves on with every
+// read that brings data, so only a stalled upload is cut. The deadline of
+// any other body, multipart or not, never moves: a stranger sending a byte
+// every few seconds is cut off after d wherever they send it.
 func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") == "" && r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, d: d, rolling: mt == "multipart/form-data"}
+				b := &deadlineBody{ReadCloser: r.Body, rc: rc, d: d}
+				r.Body = b
+				r = r.WithContext(graph.WithBodyRolling(r.Context(), b.roll))
 			}
 		}
 		next.ServeHTTP(w, r)
@@ -478,12 +481,19 @@ func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 }
 
 // deadlineBody lifts the connection's read deadline at the end of the body,
-// and with rolling moves it d past every read that brought data.
+// and once rolling moves it d past every read that brought data.
 type deadlineBody struct {
 	io.ReadCloser
 	rc      *http.ResponseController
 	d       time.Duration
-	rolling bool
+	rolling atomic.Bool
+}
+
+// roll lets the deadline move on from now.
+func (b *deadlineBody) roll() {
+	if !b.rolling.Swap(true) {
+		b.rc.SetReadDeadline(time.Now().Add(b.d))
+	}
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
@@ -491,7 +501,7 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	switch {
 	case errors.Is(err, io.EOF):
 		b.rc.SetReadDeadline(time.Time{})
-	case b.rolling && n > 0:
+	case n > 0 && b.rolling.Load():
 		b.rc.SetReadDeadline(time.Now().Add(b.d))
 	}
 	return n, err

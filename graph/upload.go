@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +42,23 @@ func isUpload(r *http.Request) bool {
 	return err == nil && mt == mediaMultipart && r.Method == http.MethodPost && r.Header.Get("Upgrade") == ""
 }
 
+type bodyRollingKey struct{}
+
+// WithBodyRolling gives a request the switch that lets its body's read
+// deadline move on while the body keeps arriving (the server's
+// bodyDeadline). Only the upload transport turns it on, and only for an
+// admin: a file import is read for as long as it is imported, and every
+// other body, whoever sends it, keeps its one deadline.
+func WithBodyRolling(ctx context.Context, roll func()) context.Context {
+	return context.WithValue(ctx, bodyRollingKey{}, roll)
+}
+
+func keepReadingBody(ctx context.Context) {
+	if roll, ok := ctx.Value(bodyRollingKey{}).(func()); ok {
+		roll()
+	}
+}
+
 type uploadTransport struct {
 	maxUpload int64 // the whole body
 	maxParts  int64 // the operations and map parts each
@@ -65,6 +83,7 @@ func (t uploadTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql
 		writeError(w, r, http.StatusRequestEntityTooLarge, codeBodyTooLarge, t.tooLarge())
 		return
 	}
+	keepReadingBody(r.Context())
 	body := &limitWatch{r: r.Body}
 	r.Body = body
 	params, err := t.readOperation(r)
