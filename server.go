@@ -456,8 +456,7 @@ func (a *app) routes(events *queue.Events) http.Handler {
 	return bodyDeadline(a.cfg.BodyReadTimeout, mux)
 }
 
-// bodyDeadline gives every request but a WebSocket upgrade d to send its
-// body: a client announcing 100 KB and sending 10 bytes is cut off then
+// bodyDeadline gives every request with a body d to send it: a client announcing 100 KB and sending 10 bytes is cut off then
 // (the handler reads a timeout) instead of holding its connection open.
 // The deadline is lifted once the body has been read, so the handler's own
 // work is not cut short. A file upload is read while it is imported, for
@@ -465,10 +464,13 @@ func (a *app) routes(events *queue.Events) http.Handler {
 // admin token (graph.WithBodyRolling), its deadline moves on with every
 // read that brings data, so only a stalled upload is cut. The deadline of
 // any other body, multipart or not, never moves: a stranger sending a byte
-// every few seconds is cut off after d wherever they send it.
+// every few seconds is cut off after d wherever they send it. A WebSocket
+// handshake has no body, so its connection gets no deadline to keep; an
+// Upgrade header does not spare a body its deadline (the server reads up
+// to 256 KB of a body its handler left unread before it answers).
 func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") == "" && r.Body != nil && r.Body != http.NoBody {
+		if r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
 				b := &deadlineBody{ReadCloser: r.Body, rc: rc, d: d}
