@@ -2,15 +2,19 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/99designs/gqlgen/graphql/introspection"
 
 	"kami/domain"
 	"kami/domain/dbtest"
@@ -345,4 +349,56 @@ func TestSlowBodyCannotDodgeTheDeadline(t *testing.T) {
 			t.Errorf("%s with %q: a body sent a byte at a time held the connection for sixty body deadlines", c.path, c.headers)
 		}
 	}
+}
+
+// TestSlowReaderIsCut: a response waited for its client without end. A
+// client that asked for a large answer (the introspection, 100 KB) and
+// never read it held the handler's goroutine and the answer's bytes for as
+// long as it kept the connection: 200 such connections held 200
+// goroutines for minutes. Every write of a response now has WriteTimeout
+// to reach the client; a client that takes far longer is cut off. The test
+// reads at a trickle and waits for the end; it times nothing.
+func TestSlowReaderIsCut(t *testing.T) {
+	t.Parallel()
+	const d = time.Second
+	ta := newTestAppWith(t, dbtest.SQLite, nil, func(c *Config) { c.WriteTimeout = d })
+	body, _ := json.Marshal(map[string]any{"query": introspection.Query})
+	full := ta.graphql(t, introspection.Query, nil)
+	if full.Status != 200 || len(full.Data) < 50_000 {
+		t.Fatalf("the introspection: %d, %d bytes", full.Status, len(full.Data))
+	}
+	// The same server with small socket buffers on both sides, as on a
+	// slow network: on the loopback the kernel would take the whole answer
+	// at once, and the client's trickle would only drain the kernel.
+	small := httptest.NewUnstartedServer(ta.handler)
+	small.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			c.(*net.TCPConn).SetWriteBuffer(4096)
+		}
+	}
+	small.Start()
+	defer small.Close()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(small.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(1024)
+	fmt.Fprintf(conn, "POST /graphql HTTP/1.1\r\nHost: kami.test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// 256 bytes every d/20 (5 KB per d): the answer would take twenty
+	// deadlines to read; its end comes first. A guard against hanging of
+	// sixty deadlines, not a measure.
+	got, buf := 0, make([]byte, 256)
+	var readErr error
+	for start := time.Now(); readErr == nil && got < len(full.Data) && time.Since(start) < 60*d; {
+		time.Sleep(d / 20)
+		conn.SetReadDeadline(time.Now().Add(time.Minute))
+		var n int
+		n, readErr = conn.Read(buf)
+		got += n
+	}
+	if readErr == nil || got >= len(full.Data) {
+		t.Fatalf("a client reading 5 KB per write deadline got %d bytes of a %d-byte answer (%v), want it cut off", got, len(full.Data), readErr)
+	}
+	t.Logf("a slow reader got %d bytes of a %d-byte answer, then %v", got, len(full.Data), readErr)
 }

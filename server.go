@@ -453,7 +453,51 @@ func (a *app) routes(events *queue.Events) http.Handler {
 			return err
 		}))
 	}
-	return bodyDeadline(a.cfg.BodyReadTimeout, mux)
+	return writeDeadline(a.cfg.WriteTimeout, bodyDeadline(a.cfg.BodyReadTimeout, mux))
+}
+
+// writeDeadline gives every write of a response d to reach the client: a
+// client that asks for a large answer and does not read it is cut off
+// then, instead of holding the handler's goroutine and the answer's bytes
+// for as long as it keeps the connection. The deadline is set at each
+// write, not at the start, so a handler may work as long as it must (an
+// import, a call to a gateway) and a stream (the export) may last as long
+// as its client keeps reading. A WebSocket is not concerned: the server
+// lifts a connection's deadlines when it is hijacked.
+func writeDeadline(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+		next.ServeHTTP(dw, r)
+		dw.extend() // what is still buffered is sent once the handler returns
+	})
+}
+
+// deadlineWriter moves the connection's write deadline d past every write,
+// header and flush. Unwrap lets http.ResponseController (and the WebSocket
+// library's hijack) reach the server's own writer.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w *deadlineWriter) extend() { w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *deadlineWriter) WriteHeader(status int) {
+	w.extend()
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.extend()
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *deadlineWriter) Flush() {
+	w.extend()
+	w.rc.Flush()
 }
 
 // bodyDeadline gives every request with a body d to send it: a client announcing 100 KB and sending 10 bytes is cut off then
