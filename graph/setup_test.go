@@ -110,6 +110,7 @@ type options struct {
 	events graph.OrderEvents // default the bundle's memEvents
 	stats  graph.StatsSource
 	mod    func(*graph.Config)
+	hook   bun.QueryHook // another hook on the database, beside the counter
 }
 
 func setup(t testing.TB, opts options) *bundle {
@@ -119,6 +120,9 @@ func setup(t testing.TB, opts options) *bundle {
 	}
 	b := &bundle{ctx: context.Background(), db: dbtest.Open(t, opts.kind), events: newMemEvents(), queries: &queryCounter{}}
 	b.db = b.db.WithQueryHook(b.queries)
+	if opts.hook != nil {
+		b.db = b.db.WithQueryHook(opts.hook)
+	}
 	sealer, err := domain.NewSealer(cardKey)
 	if err != nil {
 		t.Fatal(err)
