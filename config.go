@@ -64,7 +64,8 @@ type Config struct {
 	// /metrics asks for.
 	MetricsToken string
 	// MaxSubscriptionsPerConnection (KAMI_MAX_SUBSCRIPTIONS_PER_CONNECTION,
-	// default 20) and MaxWebSocketsPerAddress
+	// default 20): the operations one WebSocket may start over its life,
+	// failed and completed ones included; MaxWebSocketsPerAddress
 	// (KAMI_MAX_WEBSOCKETS_PER_ADDRESS, default 50); 0: no cap.
 	MaxSubscriptionsPerConnection, MaxWebSocketsPerAddress int
 	LogFormat                                              string // KAMI_LOG_FORMAT: text (default) or json
@@ -80,9 +81,10 @@ type Config struct {
 	// Workers tunes the queue workers; tests shorten its intervals.
 	Workers queue.Config
 	// BodyReadTimeout bounds how long a request body may take to arrive
-	// (10s); SubscriptionPoll is how often subscriptions read their orders
-	// again while Redis is away (5s). Tests shorten them.
-	BodyReadTimeout, SubscriptionPoll time.Duration
+	// (10s); WriteTimeout how long each write of a response may take to
+	// reach the client (30s); SubscriptionPoll is how often subscriptions
+	// read their orders again while Redis is away (5s). Tests shorten them.
+	BodyReadTimeout, WriteTimeout, SubscriptionPoll time.Duration
 
 	Alipay AlipaySettings
 	Wechat WechatSettings
@@ -225,7 +227,7 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	} else if c.TrustedProxies, err = c.TrustedProxies.ReadingHeader(getenv("KAMI_TRUSTED_PROXY_HEADER")); err != nil {
 		bad("KAMI_TRUSTED_PROXY_HEADER", err.Error())
 	}
-	c.BodyReadTimeout, c.SubscriptionPoll = 10*time.Second, 5*time.Second
+	c.BodyReadTimeout, c.WriteTimeout, c.SubscriptionPoll = 10*time.Second, 30*time.Second, 5*time.Second
 	if c.MaxUploadBytes, err = byteSize(getenv("KAMI_MAX_UPLOAD_BYTES"), graph.DefaultMaxUploadBytes); err != nil || c.MaxUploadBytes < 1<<10 || c.MaxUploadBytes > 8<<30 {
 		bad("KAMI_MAX_UPLOAD_BYTES", "want a size from 1KiB to 8GiB, like 33554432, 32MiB or 512KiB")
 	}

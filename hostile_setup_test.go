@@ -165,6 +165,30 @@ func (c *ws) subscribe(id, orderNo, token string) {
 	c.send(wsMessage{ID: id, Type: "subscribe", Payload: payload})
 }
 
+// operation sends query as the operation id (its name) and reads up to
+// its end: complete, or an error.
+func (c *ws) operation(id, query string) {
+	c.t.Helper()
+	payload, _ := json.Marshal(map[string]any{"query": query})
+	c.send(wsMessage{ID: id, Type: "subscribe", Payload: payload})
+	for {
+		if _, code, done := c.event(id); done || code != "" {
+			return
+		}
+	}
+}
+
+// closed reads until the server closes the socket and returns its close
+// status (-1 if it ended without one).
+func (c *ws) closed() websocket.StatusCode {
+	c.t.Helper()
+	for {
+		if _, _, err := c.conn.Read(c.ctx); err != nil {
+			return websocket.CloseStatus(err)
+		}
+	}
+}
+
 // event is the next message for id: its status, the code of its error,
 // or complete.
 func (c *ws) event(id string) (status, code string, complete bool) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"kami/domain"
 	"kami/domain/dbtest"
 	"kami/providers/sandbox"
@@ -47,10 +49,9 @@ func (ta *testApp) paySandbox(t *testing.T, o *domain.Order, tradeNo string) {
 // TestWebSocketsCannotExhaustRedis: one WebSocket with 300 subscriptions
 // added 300 Redis clients, and a few such sockets exhausted the Redis every
 // instance shares. Now a process holds one Redis subscription whatever the
-// number of subscriptions, a WebSocket holds at most
-// KAMI_MAX_SUBSCRIPTIONS_PER_CONNECTION, an address at most
-// KAMI_MAX_WEBSOCKETS_PER_ADDRESS sockets, and a subscription with a wrong
-// token is refused before it takes a place.
+// number of subscriptions, a WebSocket starts at most
+// KAMI_MAX_SUBSCRIPTIONS_PER_CONNECTION operations, an address holds at
+// most KAMI_MAX_WEBSOCKETS_PER_ADDRESS sockets.
 func TestWebSocketsCannotExhaustRedis(t *testing.T) {
 	t.Parallel()
 	r := redistest.StartPrivate(t)
@@ -65,15 +66,6 @@ func TestWebSocketsCannotExhaustRedis(t *testing.T) {
 	eventually(t, 10*time.Second, "the shared subscription is up", ta.events.SubscriptionUp)
 	one := r.Clients()
 
-	// Wrong tokens first: refused, and they take no place.
-	for i := range 25 {
-		id := fmt.Sprintf("bad-%d", i)
-		first.subscribe(id, no, "not-the-token")
-		if _, code, _ := first.event(id); code != domain.ENOTFOUND {
-			t.Fatalf("a wrong token: %q, want NOT_FOUND", code)
-		}
-		first.event(id) // complete
-	}
 	sockets := []*ws{first}
 	for len(sockets) < 5 {
 		c, status := ta.dialWS(t, nil)
@@ -97,16 +89,15 @@ func TestWebSocketsCannotExhaustRedis(t *testing.T) {
 	}
 	t.Logf("Redis clients: %d with one subscription and with 100", one)
 
-	// The 21st subscription on a socket, and a 6th socket from the address.
-	sockets[1].subscribe("21st", no, token)
-	if _, code, _ := sockets[1].event("21st"); code != domain.ELIMIT {
-		t.Fatalf("the 21st subscription: %q, want LIMIT_EXCEEDED", code)
-	}
+	// A 6th socket from the address is refused; the 21st operation on a
+	// socket closes it, which gives its place back.
 	if c, status := ta.dialWS(t, nil); c != nil || status != http.StatusTooManyRequests {
 		t.Fatalf("a 6th socket: %v %d, want 429", c != nil, status)
 	}
-	// Closing one gives its place back.
-	sockets[4].conn.CloseNow()
+	sockets[1].subscribe("21st", no, token)
+	if status := sockets[1].closed(); status != websocket.StatusPolicyViolation {
+		t.Fatalf("the 21st subscription: close status %v, want policy violation", status)
+	}
 	eventually(t, 10*time.Second, "a socket's place given back", func() bool {
 		c, _ := ta.dialWS(t, nil)
 		return c != nil
@@ -114,7 +105,7 @@ func TestWebSocketsCannotExhaustRedis(t *testing.T) {
 
 	// Every subscription still hears the payment, once, and completes.
 	ta.paySandbox(t, co.Order, "T-WS")
-	for _, c := range sockets[:4] {
+	for _, c := range []*ws{sockets[0], sockets[2], sockets[3], sockets[4]} {
 		for i := range 20 {
 			id := fmt.Sprint(i)
 			c.wantStatus(id, "PAID")
@@ -187,4 +178,43 @@ func TestSubscriptionSurvivesRedisRestart(t *testing.T) {
 			t.Fatal("no complete after CLOSED")
 		}
 	})
+}
+
+// TestWebSocketOperationsCountOverItsLife: the cap counted only the
+// subscriptions open at a time, so one socket churned operations without
+// end: a subscription refused for its token, a query or a document that
+// does not parse took no place, and one that completed gave its place
+// back. Every operation a socket starts now takes a place for the rest of
+// its life, whatever becomes of it, and the one past the cap closes the
+// socket.
+func TestWebSocketOperationsCountOverItsLife(t *testing.T) {
+	t.Parallel()
+	ta := newTestAppWith(t, dbtest.SQLite, env{"KAMI_MAX_SUBSCRIPTIONS_PER_CONNECTION": "5"}, nil)
+	p := ta.product(t, 100, codes("OPS", 2)...)
+	co := ta.placeFor(t, p, "ops@example.com")
+	paid := ta.placeFor(t, p, "paid@example.com")
+	ta.paySandbox(t, paid.Order, "T-OPS")
+
+	c, _ := ta.dialWS(t, nil)
+	c.subscribe("wrong-token", co.Order.OrderNo, "not-the-token")
+	if _, code, _ := c.event("wrong-token"); code != domain.ENOTFOUND {
+		t.Fatalf("a wrong token: %q, want NOT_FOUND", code)
+	}
+	c.operation("query", `{ products { id } }`)
+	c.operation("garbage", `{ products {`)
+	c.operation("mutation", `mutation { cancelOrder(orderNo: "1", accessToken: "x") { status } }`)
+	c.subscribe("paid", paid.Order.OrderNo, paid.AccessToken) // completes at once
+	c.wantStatus("paid", "PAID")
+	if _, _, done := c.event("paid"); !done {
+		t.Fatal("a paid order's subscription did not complete")
+	}
+	// Five operations started, none open: the sixth closes the socket.
+	c.subscribe("sixth", co.Order.OrderNo, co.AccessToken)
+	if status := c.closed(); status != websocket.StatusPolicyViolation {
+		t.Fatalf("the sixth operation: close status %v, want policy violation", status)
+	}
+	// A new socket starts afresh.
+	again, _ := ta.dialWS(t, nil)
+	again.subscribe("1", co.Order.OrderNo, co.AccessToken)
+	again.wantStatus("1", "PENDING")
 }

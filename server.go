@@ -15,12 +15,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -453,24 +453,73 @@ func (a *app) routes(events *queue.Events) http.Handler {
 			return err
 		}))
 	}
-	return bodyDeadline(a.cfg.BodyReadTimeout, mux)
+	return writeDeadline(a.cfg.WriteTimeout, bodyDeadline(a.cfg.BodyReadTimeout, mux))
 }
 
-// bodyDeadline gives every request but a WebSocket upgrade d to send its
-// body: a client announcing 100 KB and sending 10 bytes is cut off then
+// writeDeadline gives every write of a response d to reach the client: a
+// client that asks for a large answer and does not read it is cut off
+// then, instead of holding the handler's goroutine and the answer's bytes
+// for as long as it keeps the connection. The deadline is set at each
+// write, not at the start, so a handler may work as long as it must (an
+// import, a call to a gateway) and a stream (the export) may last as long
+// as its client keeps reading. A WebSocket is not concerned: the server
+// lifts a connection's deadlines when it is hijacked.
+func writeDeadline(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+		next.ServeHTTP(dw, r)
+		dw.extend() // what is still buffered is sent once the handler returns
+	})
+}
+
+// deadlineWriter moves the connection's write deadline d past every write,
+// header and flush. Unwrap lets http.ResponseController (and the WebSocket
+// library's hijack) reach the server's own writer.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w *deadlineWriter) extend() { w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *deadlineWriter) WriteHeader(status int) {
+	w.extend()
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.extend()
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *deadlineWriter) Flush() {
+	w.extend()
+	w.rc.Flush()
+}
+
+// bodyDeadline gives every request with a body d to send it: a client announcing 100 KB and sending 10 bytes is cut off then
 // (the handler reads a timeout) instead of holding its connection open.
 // The deadline is lifted once the body has been read, so the handler's own
-// work is not cut short. A file upload (multipart, admins only: the
-// transport checks the token before it reads a byte) is read while it is
-// imported, for as long as the import takes: its deadline moves on with
-// every read that brings data, so only a stalled upload is cut.
+// work is not cut short. A file upload is read while it is imported, for
+// as long as the import takes: once the upload transport has checked the
+// admin token (graph.WithBodyRolling), its deadline moves on with every
+// read that brings data, so only a stalled upload is cut. The deadline of
+// any other body, multipart or not, never moves: a stranger sending a byte
+// every few seconds is cut off after d wherever they send it. A WebSocket
+// handshake has no body, so its connection gets no deadline to keep; an
+// Upgrade header does not spare a body its deadline (the server reads up
+// to 256 KB of a body its handler left unread before it answers).
 func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") == "" && r.Body != nil && r.Body != http.NoBody {
+		if r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, d: d, rolling: mt == "multipart/form-data"}
+				b := &deadlineBody{ReadCloser: r.Body, rc: rc, d: d}
+				r.Body = b
+				r = r.WithContext(graph.WithBodyRolling(r.Context(), b.roll))
 			}
 		}
 		next.ServeHTTP(w, r)
@@ -478,12 +527,19 @@ func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 }
 
 // deadlineBody lifts the connection's read deadline at the end of the body,
-// and with rolling moves it d past every read that brought data.
+// and once rolling moves it d past every read that brought data.
 type deadlineBody struct {
 	io.ReadCloser
 	rc      *http.ResponseController
 	d       time.Duration
-	rolling bool
+	rolling atomic.Bool
+}
+
+// roll lets the deadline move on from now.
+func (b *deadlineBody) roll() {
+	if !b.rolling.Swap(true) {
+		b.rc.SetReadDeadline(time.Now().Add(b.d))
+	}
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
@@ -491,7 +547,7 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	switch {
 	case errors.Is(err, io.EOF):
 		b.rc.SetReadDeadline(time.Time{})
-	case b.rolling && n > 0:
+	case n > 0 && b.rolling.Load():
 		b.rc.SetReadDeadline(time.Now().Add(b.d))
 	}
 	return n, err
@@ -558,7 +614,8 @@ func (a *app) webhook(w http.ResponseWriter, r *http.Request) {
 
 func (a *app) payPageOrder(ctx context.Context, orderNo string) (sandbox.PageOrder, error) {
 	o, err := a.ledger.Order(ctx, orderNo)
-	if domain.ErrorCode(err) == domain.ENOTFOUND {
+	if c := domain.ErrorCode(err); c == domain.ENOTFOUND || c == domain.EBADINPUT {
+		// BAD_INPUT: a number no order can have (too long).
 		return sandbox.PageOrder{}, sandbox.ErrOrderNotFound
 	}
 	if err != nil {

@@ -435,8 +435,12 @@ func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrd
 	return nil
 }
 
-// Order returns one order. NOT_FOUND.
+// Order returns one order. NOT_FOUND; BAD_INPUT for a number no order can
+// have (see checkOrderNo).
 func (l *Ledger) Order(ctx context.Context, orderNo string) (*Order, error) {
+	if err := checkOrderNo(orderNo); err != nil {
+		return nil, err
+	}
 	var o Order
 	if err := l.db.NewSelect().Model(&o).Where("order_no = ?", orderNo).Scan(ctx); err != nil {
 		return nil, notFound(err, "order %s not found", orderNo)

@@ -49,6 +49,19 @@ type PaymentResult struct {
 // maxOrderNoLen is the order_no column's width.
 const maxOrderNoLen = 32
 
+// checkOrderNo refuses an order number that no order can have (empty, or
+// longer than the column) before any statement runs: a client's 10 KB
+// "order number" costs neither a query nor an echo in the error.
+func checkOrderNo(orderNo string) error {
+	switch {
+	case orderNo == "":
+		return Errorf(EBADINPUT, "give an order number")
+	case len(orderNo) > maxOrderNoLen:
+		return Errorf(EBADINPUT, "an order number has at most %d characters; this one has %d", maxOrderNoLen, len(orderNo))
+	}
+	return nil
+}
+
 // maxRawNotification bounds what is kept of a notification body.
 const maxRawNotification = 64 << 10
 
@@ -495,6 +508,9 @@ func (l *Ledger) Refund(ctx context.Context, refundNo string) (*Refund, error) {
 // REFUNDING with one refund row. Its cards stay SOLD. NOT_FOUND, CONFLICT
 // (not PAID), BAD_INPUT (reason too long).
 func (l *Ledger) RequestRefund(ctx context.Context, orderNo, reason, actor string) (*Refund, error) {
+	if err := checkOrderNo(orderNo); err != nil {
+		return nil, err
+	}
 	if len(reason) > 255 {
 		return nil, Errorf(EBADINPUT, "reason is longer than 255 bytes")
 	}

@@ -104,6 +104,9 @@ func (l *Ledger) ListReveals(ctx context.Context, orderNo string, cardID, afterI
 	var rs []Reveal
 	q := l.db.NewSelect().Model(&rs)
 	if orderNo != "" {
+		if err := checkOrderNo(orderNo); err != nil {
+			return nil, err
+		}
 		q = q.Where("order_no = ?", orderNo)
 	} else {
 		var c Card

@@ -24,9 +24,6 @@ import (
 // NOT_FOUND for an unknown order; UNAVAILABLE when its provider is not
 // enabled in this process.
 func (s *Shop) SyncOrder(ctx context.Context, orderNo, actor string) (*SyncResult, error) {
-	if len(orderNo) > maxOrderNoLen {
-		return nil, Errorf(ENOTFOUND, "no order has a %d-character number", len(orderNo))
-	}
 	o, err := s.Ledger.Order(ctx, orderNo)
 	if err != nil {
 		return nil, err

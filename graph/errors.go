@@ -44,7 +44,8 @@ func isRequestError(errs gqlerror.List) bool {
 // and message (written to be shown); gqlgen's own request errors keep
 // their code and message (they name only what the query said); anything
 // else is INTERNAL "internal error" to the client and logged in full here,
-// so no SQL, provider text or stack reaches a client.
+// so no SQL, provider text or stack reaches a client; once the request's
+// context has ended (the client left), it is UNAVAILABLE and not an error.
 func presenter(log *slog.Logger) graphql.ErrorPresenterFunc {
 	return func(ctx context.Context, err error) *gqlerror.Error {
 		gqlErr := graphql.DefaultErrorPresenter(ctx, err)
@@ -57,6 +58,17 @@ func presenter(log *slog.Logger) graphql.ErrorPresenterFunc {
 		}
 		if code, _ := gqlErr.Extensions["code"].(string); code != "" && gqlErr.Err == nil {
 			return gqlErr
+		}
+		if ctx.Err() != nil {
+			// The request's own context ended: the client left (a closed
+			// connection or WebSocket) or the server is stopping, and the
+			// work in flight failed with it. Nobody reads this answer, and
+			// it is no fault of kami's: anyone could fill the error log,
+			// and the alerts read from it, by hanging up.
+			log.DebugContext(ctx, "graphql request ended before its work", "path", gqlErr.Path.String(), "err", err)
+			out.Message = "the request ended before it was done"
+			out.Extensions = map[string]any{"code": domain.EUNAVAILABLE}
+			return out
 		}
 		log.ErrorContext(ctx, "graphql internal error", "path", gqlErr.Path.String(), "err", err)
 		out.Message = "internal error"

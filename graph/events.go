@@ -24,19 +24,14 @@ func subscriptionEnds(s domain.OrderStatus) bool {
 // for a moment is read again at the next news of it.
 //
 // The order is read first, which checks the access token (or the admin
-// token) and the connection's subscription cap before anything is held;
+// token) before anything is held;
 // then it subscribes and reads again, so that a change between the first
 // read and the subscription is not missed. An event that does not change
 // the status (a duplicate, a catch-up, one already seen in a read) is not
 // sent again.
 func watchOrder(ctx context.Context, cfg Config, read func(context.Context) (*model.Order, error), orderNo string) (<-chan *model.Order, error) {
-	release, err := takeSubscription(ctx)
-	if err != nil {
-		return nil, err
-	}
 	o, err := read(ctx)
 	if err != nil {
-		release()
 		return nil, err
 	}
 	var events <-chan domain.OrderStatus
@@ -45,14 +40,12 @@ func watchOrder(ctx context.Context, cfg Config, read func(context.Context) (*mo
 		events, stop = cfg.Events.Subscribe(ctx, orderNo)
 		if o, err = read(ctx); err != nil {
 			stop()
-			release()
 			return nil, err
 		}
 	}
 	out := make(chan *model.Order, 1)
 	go func() {
 		defer close(out)
-		defer release()
 		defer stop()
 		send := func(o *model.Order) bool {
 			select {

@@ -97,9 +97,11 @@ type Config struct {
 	// DisableIntrospection refuses __schema and __type (the playground
 	// then has no schema to show); __typename always works.
 	DisableIntrospection bool
-	// MaxSubscriptionsPerConnection caps the subscriptions one WebSocket
-	// holds at once, MaxConnectionsPerAddress the WebSockets one client
-	// address (domain.AddressKey) holds open; 0: no cap.
+	// MaxSubscriptionsPerConnection caps the operations one WebSocket
+	// starts over its life (every subscribe message, also one that fails
+	// or has completed; see operationCap), MaxConnectionsPerAddress the
+	// WebSockets one client address (domain.AddressKey) holds open; 0: no
+	// cap.
 	MaxSubscriptionsPerConnection, MaxConnectionsPerAddress int
 	// KeepAlive is the WebSocket keep-alive interval; default 10s.
 	KeepAlive time.Duration
@@ -183,8 +185,11 @@ func NewHandler(cfg Config) http.Handler {
 	es := countedSchema{ExecutableSchema: generated.NewExecutableSchema(newSchemaConfig(cfg)), asked: &w.priced}
 	srv := handler.New(es)
 	srv.AddTransport(transport.Websocket{
-		Implementation: transport.CoderWebsocketImplementation{
-			AcceptOptions: coderws.AcceptOptions{OriginPatterns: cfg.AllowedOrigins},
+		Implementation: operationCap{
+			WebsocketImplementation: transport.CoderWebsocketImplementation{
+				AcceptOptions: coderws.AcceptOptions{OriginPatterns: cfg.AllowedOrigins},
+			},
+			max: cfg.MaxSubscriptionsPerConnection,
 		},
 		KeepAlivePingInterval: cfg.KeepAlive,
 		InitTimeout:           10 * time.Second,
@@ -270,9 +275,6 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := withViewer(r.Context(), viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken))
 	ctx = withClientAddr(ctx, addr)
-	if upgrade {
-		ctx = withSubscriptionCap(ctx, h.cfg.MaxSubscriptionsPerConnection)
-	}
 	h.srv.ServeHTTP(w, r.WithContext(ctx))
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/99designs/gqlgen/graphql/introspection"
+	"github.com/uptrace/bun"
 
 	"kami/domain"
 	"kami/graph"
@@ -313,5 +314,91 @@ func TestLongDocumentsAreNotKept(t *testing.T) {
 	runtime.KeepAlive(b.handler) // its caches are what is measured
 	if grown > 8<<20 {
 		t.Fatalf("the heap grew by %d bytes after 100 documents of 200 KB", grown)
+	}
+}
+
+// TestOverlongOrderNumberIsBadInput: a 10 KB "order number" was looked up
+// in the database, and its NOT_FOUND echoed all 10 KB back. No order has a
+// number longer than the column, so every operation that takes one answers
+// BAD_INPUT without a statement, without echoing it.
+func TestOverlongOrderNumberIsBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	long := strings.Repeat("9", 10_000)
+	vars := map[string]any{"no": long}
+	for _, c := range []struct {
+		who   as
+		query string
+	}{
+		{anon, `query($no: String!) { order(orderNo: $no, accessToken: "x") { status } }`},
+		{admin, `query($no: String!) { order(orderNo: $no) { status } }`},
+		{anon, `mutation($no: String!) { cancelOrder(orderNo: $no, accessToken: "x") { status } }`},
+		{admin, `mutation($no: String!) { refundOrder(orderNo: $no) { refundNo } }`},
+		{admin, `mutation($no: String!) { syncOrder(orderNo: $no) { order { status } } }`},
+		{admin, `query($no: String) { reveals(orderNo: $no) { edges { node { channel } } } }`},
+	} {
+		before := b.queries.all.Load()
+		e := b.do(t, c.who, c.query, vars).wantCode(t, domain.EBADINPUT)
+		if n := b.queries.all.Load() - before; n != 0 {
+			t.Errorf("%s: %d statements ran, want none", c.query, n)
+		}
+		if len(e.Message) > 200 {
+			t.Errorf("%s: a message of %d bytes echoes the number", c.query, len(e.Message))
+		}
+	}
+}
+
+// stallingHook holds the statements run while stall is set until their
+// context ends, and says when one is held.
+type stallingHook struct {
+	stall atomic.Bool
+	held  chan struct{}
+}
+
+func (h *stallingHook) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
+	if h.stall.Load() {
+		h.held <- struct{}{}
+		<-ctx.Done()
+	}
+	return ctx
+}
+
+func (h *stallingHook) AfterQuery(context.Context, *bun.QueryEvent) {}
+
+// TestClientGoneIsNoError: a client that left while its query ran (a
+// closed connection, a closed WebSocket) made the query fail with "context
+// canceled", which the presenter logged as an internal error: anyone could
+// fill the error log, and the alerts fed from it, by hanging up. The
+// presenter now sees that the request's own context ended: nothing is
+// logged as an error.
+func TestClientGoneIsNoError(t *testing.T) {
+	t.Parallel()
+	logs := &errorLogs{}
+	hook := &stallingHook{held: make(chan struct{}, 1)}
+	b := setup(t, options{hook: hook, mod: func(c *graph.Config) { c.Logger = slog.New(logs) }})
+	served := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(served)
+		b.handler.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	hook.stall.Store(true)
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"query":"{ products { id } }"}`))
+	req.Header.Set("Content-Type", "application/json")
+	go func() {
+		<-hook.held
+		hook.stall.Store(false)
+		cancel() // the client hangs up while its query runs
+	}()
+	if res, err := http.DefaultClient.Do(req); err == nil {
+		res.Body.Close()
+		t.Fatal("the request was answered")
+	}
+	<-served
+	if n := logs.n.Load(); n != 0 {
+		t.Errorf("%d error logs for a client that hung up", n)
 	}
 }

@@ -77,13 +77,15 @@ func (e *memEvents) Subscribe(ctx context.Context, orderNo string) (<-chan domai
 	return ch, func() { cancel(); <-done }
 }
 
-// queryCounter counts the SELECTs a database runs.
-type queryCounter struct{ selects atomic.Int64 }
+// queryCounter counts the statements a database runs, and the SELECTs
+// among them.
+type queryCounter struct{ all, selects atomic.Int64 }
 
 func (q *queryCounter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context {
 	return ctx
 }
 func (q *queryCounter) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
+	q.all.Add(1)
 	if strings.HasPrefix(strings.TrimSpace(strings.ToUpper(ev.Query)), "SELECT") {
 		q.selects.Add(1)
 	}
@@ -108,6 +110,7 @@ type options struct {
 	events graph.OrderEvents // default the bundle's memEvents
 	stats  graph.StatsSource
 	mod    func(*graph.Config)
+	hook   bun.QueryHook // another hook on the database, beside the counter
 }
 
 func setup(t testing.TB, opts options) *bundle {
@@ -117,6 +120,9 @@ func setup(t testing.TB, opts options) *bundle {
 	}
 	b := &bundle{ctx: context.Background(), db: dbtest.Open(t, opts.kind), events: newMemEvents(), queries: &queryCounter{}}
 	b.db = b.db.WithQueryHook(b.queries)
+	if opts.hook != nil {
+		b.db = b.db.WithQueryHook(opts.hook)
+	}
 	sealer, err := domain.NewSealer(cardKey)
 	if err != nil {
 		t.Fatal(err)

@@ -117,6 +117,14 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg st
 	w.Write(b)
 }
 
+// writeLate answers a request whose body stopped arriving: the server's
+// read deadline passed (see bodyDeadline in the server). The connection
+// is closed after the answer; nothing of the request was done.
+func writeLate(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Connection", "close")
+	writeError(w, r, http.StatusRequestTimeout, codeBadRequest, "the request body did not arrive in time; nothing was done")
+}
+
 // acceptedType is the response media type the client accepts; when it
 // accepts neither, it answers 406 and reports false.
 func acceptedType(w http.ResponseWriter, r *http.Request) (string, bool) {
@@ -153,9 +161,7 @@ func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.G
 			return
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			// The server's read deadline: the body came too slowly.
-			w.Header().Set("Connection", "close")
-			writeError(w, r, http.StatusRequestTimeout, codeBadRequest, "the request body did not arrive in time")
+			writeLate(w, r)
 			return
 		}
 		writeError(w, r, http.StatusBadRequest, codeBadRequest, "the request body could not be read")

@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 
@@ -40,6 +42,23 @@ func isUpload(r *http.Request) bool {
 	return err == nil && mt == mediaMultipart && r.Method == http.MethodPost && r.Header.Get("Upgrade") == ""
 }
 
+type bodyRollingKey struct{}
+
+// WithBodyRolling gives a request the switch that lets its body's read
+// deadline move on while the body keeps arriving (the server's
+// bodyDeadline). Only the upload transport turns it on, and only for an
+// admin: a file import is read for as long as it is imported, and every
+// other body, whoever sends it, keeps its one deadline.
+func WithBodyRolling(ctx context.Context, roll func()) context.Context {
+	return context.WithValue(ctx, bodyRollingKey{}, roll)
+}
+
+func keepReadingBody(ctx context.Context) {
+	if roll, ok := ctx.Value(bodyRollingKey{}).(func()); ok {
+		roll()
+	}
+}
+
 type uploadTransport struct {
 	maxUpload int64 // the whole body
 	maxParts  int64 // the operations and map parts each
@@ -64,15 +83,20 @@ func (t uploadTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql
 		writeError(w, r, http.StatusRequestEntityTooLarge, codeBodyTooLarge, t.tooLarge())
 		return
 	}
+	keepReadingBody(r.Context())
 	body := &limitWatch{r: r.Body}
 	r.Body = body
 	params, err := t.readOperation(r)
 	if err != nil {
-		status, code := http.StatusBadRequest, codeBadRequest
-		if body.hitLimit() {
+		status, code, msg := http.StatusBadRequest, codeBadRequest, err.Error()
+		switch {
+		case body.hitLimit():
 			status, code = http.StatusRequestEntityTooLarge, codeBodyTooLarge
+		case body.late:
+			writeLate(w, r)
+			return
 		}
-		writeError(w, r, status, code, err.Error())
+		writeError(w, r, status, code, msg)
 		return
 	}
 	ctx := r.Context()
@@ -88,10 +112,16 @@ func (t uploadTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql
 	}
 	responses, ctx := exec.DispatchOperation(ctx, opCtx)
 	resp := responses(ctx)
-	if body.hitLimit() {
+	switch {
+	case body.hitLimit():
 		// The file ran past the limit while it was read (no Content-Length
 		// to refuse it by): the import rolled back; say so plainly.
 		writeError(w, r, http.StatusRequestEntityTooLarge, codeBodyTooLarge, t.tooLarge())
+		return
+	case body.late:
+		// The upload stalled past the body deadline (see bodyDeadline in
+		// the server): the import rolled back. A slow body, as for JSON.
+		writeLate(w, r)
 		return
 	}
 	writeResponse(w, mt, http.StatusOK, resp, t.maxResponse)
@@ -206,17 +236,21 @@ func (uploadStream) Seek(int64, int) (int64, error) {
 }
 
 // limitWatch remembers whether the body ran into its limit
-// (http.MaxBytesReader's error), whoever read it.
+// (http.MaxBytesReader's error) or its read deadline (late), whoever read
+// it.
 type limitWatch struct {
-	r   io.ReadCloser
-	hit bool
+	r         io.ReadCloser
+	hit, late bool
 }
 
 func (l *limitWatch) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
+	switch {
+	case errors.As(err, &tooLarge):
 		l.hit = true
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		l.late = true
 	}
 	return n, err
 }
