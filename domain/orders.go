@@ -123,7 +123,11 @@ func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*Plac
 		}
 		return placed, errs
 	}
-	errs[0] = err
+	// Out of time (or a batch of one): every caller of the batch gets the
+	// error, so each gives back what it took for the order.
+	for i := range errs {
+		errs[i] = err
+	}
 	if len(ins) == 1 && ins[0].IdempotencyKey != "" && isUniqueViolation(err) {
 		// Another request with the same key won the race; its order is
 		// this request's answer.

@@ -144,6 +144,11 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 		}
 	}
 	placed, err := s.Ledger.PlaceOrder(ctx, in)
+	if err == nil && placed == nil {
+		// Cannot happen (group.Batcher answers a missing answer with an
+		// error); should it, the admission must still go back.
+		err = errors.New("the ledger placed no order and reported no error")
+	}
 	if s.Gate != nil && (err != nil || placed.Replayed) {
 		// Nothing was locked for this request: give the admission back.
 		if gerr := s.Gate.GiveBack(context.WithoutCancel(ctx), in.ProductID, in.Quantity); gerr != nil {

@@ -6,7 +6,9 @@ package group
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 )
@@ -30,7 +32,9 @@ type Batcher[In, Out any] struct {
 	MaxBatch   int // calls in one batch; 0: no limit
 	// Run answers every call of one batch: out[i] and errs[i] belong to
 	// ins[i]. It runs under a context that outlives the leader's request,
-	// bounded by Timeout.
+	// bounded by Timeout. A call it leaves without an answer (out and errs
+	// shorter than ins, or a nil out[i] with a nil errs[i]) is answered
+	// with ErrNoAnswer: no caller is ever told "done" with nothing.
 	Run func(ctx context.Context, ins []In) (out []Out, errs []error)
 
 	mu      sync.Mutex
@@ -46,6 +50,11 @@ type batchCall[In, Out any] struct {
 	done chan struct{}              // closed when out and err are set
 	lead chan []*batchCall[In, Out] // the batch this call is to lead
 }
+
+// ErrNoAnswer answers a call that its batch's Run left without an answer:
+// a bug in Run, which the caller must treat as a failure (its outcome is
+// unknown, so it holds nothing it can rely on).
+var ErrNoAnswer = errors.New("group: the batch left this call without an answer")
 
 // Timeout bounds one batch's work. A batch runs for callers other than its
 // leader, so it must not stop when the leader's request does.
@@ -133,9 +142,8 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	defer cancel()
 	answered := 0 // live[:answered] have their answer
 	defer func() {
-		// A panic in Run (or answers that do not match the batch) is a bug;
-		// it must not leave the batch's callers waiting forever or the lead
-		// lost.
+		// A panic in Run is a bug; it must not leave the batch's callers
+		// waiting forever or the lead lost.
 		if r := recover(); r != nil {
 			for _, c := range live[answered:] {
 				c.err = fmt.Errorf("internal error: %v", r)
@@ -145,8 +153,27 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	}()
 	out, errs := b.Run(runCtx, ins)
 	for i, c := range live {
-		c.out, c.err = out[i], errs[i]
+		if i < len(out) {
+			c.out = out[i]
+		}
+		if i < len(errs) {
+			c.err = errs[i]
+		}
+		if c.err == nil && (i >= len(out) || isNil(c.out)) {
+			c.err = ErrNoAnswer
+		}
 		close(c.done)
 		answered++
 	}
+}
+
+// isNil reports whether v is a nil pointer, interface, map, slice, channel
+// or function: for such an Out, a nil answer without an error is no answer.
+func isNil[T any](v T) bool {
+	rv := reflect.ValueOf(&v).Elem()
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func:
+		return rv.IsNil()
+	}
+	return false
 }

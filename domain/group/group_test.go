@@ -205,3 +205,58 @@ func TestSurvivesShortAnswers(t *testing.T) {
 		t.Fatalf("%d answered, %d failed; want 1 and 2", ok, failed)
 	}
 }
+
+// TestNilAnswerIsAnError: a Run that answers a call with neither a
+// result nor an error (a nil pointer and a nil error) leaves that caller
+// with ErrNoAnswer, never with (nil, nil); the calls it did answer keep
+// their answer.
+func TestNilAnswerIsAnError(t *testing.T) {
+	t.Parallel()
+	started, release := make(chan struct{}), make(chan struct{})
+	b := &Batcher[int, *int]{MaxLeaders: 1, Run: func(ctx context.Context, ins []int) ([]*int, []error) {
+		out := make([]*int, len(ins))
+		if ins[0] == 0 {
+			close(started)
+			<-release // hold the lead while the others queue into one batch
+			out[0] = &ins[0]
+			return out, make([]error, len(ins))
+		}
+		for i := range ins {
+			if ins[i]%2 == 0 {
+				out[i] = &ins[i]
+			}
+		}
+		return out, nil // no errors at all: the odd calls get nothing
+	}}
+	first := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), 0); first <- err }()
+	<-started
+	type answer struct {
+		in  int
+		out *int
+		err error
+	}
+	answers := make(chan answer, 4)
+	for i := 1; i <= 4; i++ {
+		go func() { got, err := b.Do(context.Background(), i); answers <- answer{i, got, err} }()
+	}
+	for b.Queued() != 4 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		a := <-answers
+		if a.in%2 == 0 {
+			if a.err != nil || a.out == nil || *a.out != a.in {
+				t.Errorf("call %d: %v, %v; want its answer", a.in, a.out, a.err)
+			}
+			continue
+		}
+		if !errors.Is(a.err, ErrNoAnswer) || a.out != nil {
+			t.Errorf("call %d: %v, %v; want ErrNoAnswer", a.in, a.out, a.err)
+		}
+	}
+}
