@@ -92,7 +92,8 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 		return nil, err
 	}
 	// A reused idempotency key is answered inside the batch (replayBatch).
-	return l.placer.Do(ctx, in)
+	placed, err := l.placer.Do(ctx, in)
+	return placed, groupErr(err)
 }
 
 // placeBatch places a batch of normalized orders in one transaction. Should

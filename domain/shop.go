@@ -159,7 +159,8 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 		return nil, err
 	}
 	if !placed.Replayed && s.Scheduler != nil {
-		if err := s.Scheduler.ScheduleClose(ctx, placed.Order.OrderNo, placed.Order.ExpiresAt); err != nil {
+		// The order exists now, whether or not its buyer is still there.
+		if err := s.Scheduler.ScheduleClose(context.WithoutCancel(ctx), placed.Order.OrderNo, placed.Order.ExpiresAt); err != nil {
 			// The sweeper finds PENDING orders missing from the queue.
 			s.log().WarnContext(ctx, "schedule close failed; the sweeper will", "order", placed.Order.OrderNo, "err", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 )
@@ -30,6 +31,11 @@ import (
 type Batcher[In, Out any] struct {
 	MaxLeaders int // batches served at once; at least 1
 	MaxBatch   int // calls in one batch; 0: no limit
+	// MaxQueued bounds the calls waiting for a batch: a call that finds
+	// that many waiting is refused at once with ErrFull rather than queued
+	// behind work that cannot finish in time (a stalled database). 0: no
+	// bound.
+	MaxQueued int
 	// Run answers every call of one batch: out[i] and errs[i] belong to
 	// ins[i]. It runs under a context that outlives the leader's request,
 	// bounded by Timeout. A call it leaves without an answer (out and errs
@@ -49,7 +55,13 @@ type batchCall[In, Out any] struct {
 	err  error
 	done chan struct{}              // closed when out and err are set
 	lead chan []*batchCall[In, Out] // the batch this call is to lead
+	// taken is set (under Batcher.mu) when a batch takes the call out of
+	// the queue; from then on the call is answered by that batch only.
+	taken bool
 }
+
+// ErrFull refuses a call that finds MaxQueued calls waiting.
+var ErrFull = errors.New("group: too many calls are waiting")
 
 // ErrNoAnswer answers a call that its batch's Run left without an answer:
 // a bug in Run, which the caller must treat as a failure (its outcome is
@@ -60,19 +72,30 @@ var ErrNoAnswer = errors.New("group: the batch left this call without an answer"
 // leader, so it must not stop when the leader's request does.
 const Timeout = 30 * time.Second
 
-// Do queues in and returns its answer. It never abandons a queued call: a
-// batch takes milliseconds, and a call whose context ended before its
-// batch started is answered with the context's error without running.
+// Do queues in and returns its answer.
+//
+// A call whose context ends while it waits in the queue leaves the queue
+// and returns the context's error: it is never run. A call already taken
+// into a batch waits for that batch's answer whatever its context says
+// (the batch is bounded by Timeout), so that what the batch did for it is
+// never done behind its back: the caller learns of it and can undo it.
+// A call that finds MaxQueued calls waiting gets ErrFull at once.
 func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 	c := &batchCall[In, Out]{ctx: ctx, in: in, done: make(chan struct{}), lead: make(chan []*batchCall[In, Out], 1)}
 	var batch []*batchCall[In, Out]
 	b.mu.Lock()
+	if b.MaxQueued > 0 && len(b.queue) >= b.MaxQueued {
+		b.mu.Unlock()
+		var zero Out
+		return zero, ErrFull
+	}
 	b.queue = append(b.queue, c)
 	if b.leaders < max(b.MaxLeaders, 1) {
 		b.leaders++
 		batch = b.take()
 	}
 	b.mu.Unlock()
+	ended := ctx.Done()
 	for {
 		if batch != nil {
 			b.runBatch(ctx, batch)
@@ -83,8 +106,28 @@ func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 		case <-c.done:
 			return c.out, c.err
 		case batch = <-c.lead:
+		case <-ended:
+			if b.withdraw(c) {
+				var zero Out
+				return zero, ctx.Err()
+			}
+			ended = nil // in a batch already: its answer (or the lead) comes
 		}
 	}
+}
+
+// withdraw takes c out of the queue if no batch has taken it yet.
+func (b *Batcher[In, Out]) withdraw(c *batchCall[In, Out]) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c.taken {
+		return false
+	}
+	if i := slices.Index(b.queue, c); i >= 0 {
+		b.queue = slices.Delete(b.queue, i, i+1)
+		return true
+	}
+	return false
 }
 
 // Queued is how many calls wait for a batch.
@@ -102,6 +145,9 @@ func (b *Batcher[In, Out]) take() []*batchCall[In, Out] {
 	}
 	batch := make([]*batchCall[In, Out], n)
 	copy(batch, b.queue)
+	for _, c := range batch {
+		c.taken = true
+	}
 	clear(b.queue[:n]) // let answered calls be collected
 	b.queue = b.queue[n:]
 	return batch
