@@ -3,13 +3,14 @@ package domain_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/uptrace/bun"
 
@@ -124,25 +125,13 @@ func TestStalledBatchDropsAbandonedCallers(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
 		hook := newStallHook(isCardLock)
 		b, shop, gate, p := placeShop(t, db, hook, 5, 5)
-		hook.armed.Store(true)
-		first := make(chan error, 1)
-		go func() {
-			_, err := shop.PlaceOrder(context.Background(), orderInput(p, "first@example.com"), "", "127.0.0.1")
-			first <- err
-		}()
-		receive(t, "the stalled placement", hook.entered)
+		first := placeStalled(t, shop, hook, p)
 		ctx, cancel := context.WithCancel(context.Background())
-		gaveUp := make(chan error, 2)
-		for i := range 2 {
-			go func() {
-				_, err := shop.PlaceOrder(ctx, orderInput(p, fmt.Sprintf("quitter%d@example.com", i)), "", "127.0.0.1")
-				gaveUp <- err
-			}()
-		}
+		gaveUp := []<-chan error{placeAsync(ctx, shop, p, "quitter1@example.com"), placeAsync(ctx, shop, p, "quitter2@example.com")}
 		waitFor(t, "two queued placements", func() bool { return b.ledger.QueuedPlacesForTest() == 2 })
 		cancel()
-		for range 2 {
-			if err := receive(t, "an abandoned placement's answer", gaveUp); !errors.Is(err, context.Canceled) {
+		for _, c := range gaveUp {
+			if err := receive(t, "an abandoned placement's answer", c); !errors.Is(err, context.Canceled) {
 				t.Fatalf("abandoned placement: %v, want context.Canceled", err)
 			}
 		}
@@ -173,29 +162,17 @@ func TestFullPlaceQueueRefusesAtOnce(t *testing.T) {
 		hook := newStallHook(isCardLock)
 		b, shop, gate, p := placeShop(t, db, hook, 5, 5)
 		b.ledger.SetMaxQueuedPlacesForTest(2)
-		hook.armed.Store(true)
-		answers := make(chan error, 3)
-		place := func(contact string) {
-			_, err := shop.PlaceOrder(context.Background(), orderInput(p, contact), "", "127.0.0.1")
-			answers <- err
-		}
-		go place("first@example.com")
-		receive(t, "the stalled placement", hook.entered)
-		go place("second@example.com")
-		go place("third@example.com")
+		answers := []<-chan error{placeStalled(t, shop, hook, p)}
+		answers = append(answers, placeAsync(b.ctx, shop, p, "second@example.com"), placeAsync(b.ctx, shop, p, "third@example.com"))
 		waitFor(t, "two queued placements", func() bool { return b.ledger.QueuedPlacesForTest() == 2 })
-		over := make(chan error, 1)
-		go func() {
-			_, err := shop.PlaceOrder(context.Background(), orderInput(p, "fourth@example.com"), "", "127.0.0.1")
-			over <- err
-		}()
+		over := placeAsync(b.ctx, shop, p, "fourth@example.com")
 		wantCode(t, receive(t, "the placement beyond the queue's bound", over), domain.EUNAVAILABLE)
 		if got := gate.count(p.ID); got != 2 {
 			t.Fatalf("stock gate %d with three placements admitted, want 2", got)
 		}
 		close(hook.release)
-		for range 3 {
-			if err := receive(t, "a queued placement's answer", answers); err != nil {
+		for _, c := range answers {
+			if err := receive(t, "a queued placement's answer", c); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -204,6 +181,28 @@ func TestFullPlaceQueueRefusesAtOnce(t *testing.T) {
 		}
 		b.mustAudit(t)
 	})
+}
+
+// placeAsync places an order of one card for contact in the background;
+// its answer comes on the channel returned.
+func placeAsync(ctx context.Context, shop *domain.Shop, p *domain.Product, contact string) <-chan error {
+	c := make(chan error, 1)
+	go func() {
+		_, err := shop.PlaceOrder(ctx, orderInput(p, contact), "", "127.0.0.1")
+		c <- err
+	}()
+	return c
+}
+
+// placeStalled arms hook and places an order that the database then holds
+// at its card lock; it returns once the order is held, with the channel
+// of its answer (which comes once hook.release is closed).
+func placeStalled(t *testing.T, shop *domain.Shop, hook *stallHook, p *domain.Product) <-chan error {
+	t.Helper()
+	hook.armed.Store(true)
+	c := placeAsync(context.Background(), shop, p, "first@example.com")
+	receive(t, "the stalled placement", hook.entered)
+	return c
 }
 
 // waitFor polls cond until it holds, failing after a generous deadline.
@@ -217,3 +216,97 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestOrderTextIsCheckedAtTheEdge: a contact, idempotency key, provider or
+// payment method that is not valid UTF-8 or holds a control character is
+// refused BAD_INPUT before the order reaches a batch (without echoing it),
+// and nothing is placed or held. White space is still only trimmed.
+func TestOrderTextIsCheckedAtTheEdge(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, shop, gate, p := placeShop(t, db, noHook{}, 5, 5)
+		for name, c := range map[string]struct {
+			in     func(*domain.PlaceOrderInput)
+			method string
+		}{
+			"NUL in contact":        {in: func(in *domain.PlaceOrderInput) { in.Contact = "a\x00b@example.com" }},
+			"bell in contact":       {in: func(in *domain.PlaceOrderInput) { in.Contact = "a\ab@example.com" }},
+			"C1 control in contact": {in: func(in *domain.PlaceOrderInput) { in.Contact = "a\u0085\u009bb@example.com" }},
+			"invalid UTF-8 contact": {in: func(in *domain.PlaceOrderInput) { in.Contact = "a\xffb@example.com" }},
+			"invalid UTF-8 key":     {in: func(in *domain.PlaceOrderInput) { in.IdempotencyKey = "key-\xc3" }},
+			"NUL in key":            {in: func(in *domain.PlaceOrderInput) { in.IdempotencyKey = "key\x00" }},
+			"escape in key":         {in: func(in *domain.PlaceOrderInput) { in.IdempotencyKey = "key\x1b[2J" }},
+			"NUL in provider":       {in: func(in *domain.PlaceOrderInput) { in.Provider = "sandbox\x00" }},
+			"NUL in payment method": {method: "page\x00"},
+			"invalid UTF-8 method":  {method: "page\xfe"},
+		} {
+			in := orderInput(p, "edge@example.com")
+			if c.in != nil {
+				c.in(&in)
+			}
+			_, err := shop.PlaceOrder(b.ctx, in, c.method, "127.0.0.1")
+			if domain.ErrorCode(err) != domain.EBADINPUT {
+				t.Errorf("%s: %v, want BAD_INPUT", name, err)
+				continue
+			}
+			if msg := err.Error(); strings.ContainsFunc(msg, unicode.IsControl) || !utf8.ValidString(msg) {
+				t.Errorf("%s: the message echoes the input: %q", name, msg)
+			}
+			if c.in == nil {
+				continue // the method is the Shop's
+			}
+			if _, err := b.ledger.PlaceOrder(b.ctx, in); domain.ErrorCode(err) != domain.EBADINPUT {
+				t.Errorf("%s through the ledger: %v, want BAD_INPUT", name, err)
+			}
+		}
+		if n := b.orderCount(t); n != 0 {
+			t.Fatalf("%d orders placed from bad input", n)
+		}
+		if got := gate.count(p.ID); got != 5 {
+			t.Fatalf("stock gate %d, want 5: bad input held stock", got)
+		}
+		// White space around a contact or key is trimmed, not refused.
+		in := orderInput(p, " \tSpaced@Example.com\n")
+		in.IdempotencyKey = " k-1 "
+		if _, err := shop.PlaceOrder(b.ctx, in, "", "127.0.0.1"); err != nil {
+			t.Fatalf("contact with white space: %v", err)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// TestBadTextDoesNotSplitBatches: an order with a NUL in its contact,
+// arriving with good ones, is refused on its own: the good ones share one
+// transaction that is not split (before, the NUL failed the shared INSERT
+// on PostgreSQL and every order of the batch was placed again alone).
+func TestBadTextDoesNotSplitBatches(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		hook := newStallHook(isCardLock)
+		b, shop, _, p := placeShop(t, db, hook, 5, 5)
+		answers := []<-chan error{placeStalled(t, shop, hook, p)}
+		bad := placeAsync(b.ctx, shop, p, "bad\x00@example.com")
+		answers = append(answers, placeAsync(b.ctx, shop, p, "second@example.com"), placeAsync(b.ctx, shop, p, "third@example.com"))
+		waitFor(t, "the good placements queued", func() bool { return b.ledger.QueuedPlacesForTest() >= 2 })
+		close(hook.release)
+		for _, c := range answers {
+			if err := receive(t, "a good placement's answer", c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wantCode(t, receive(t, "the bad placement's answer", bad), domain.EBADINPUT)
+		if s := b.ledger.PlaceStats().Split; s != 0 {
+			t.Fatalf("%d batches split, want none", s)
+		}
+		if n := b.orderCount(t); n != 3 {
+			t.Fatalf("%d orders, want 3", n)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// noHook is a query hook that does nothing.
+type noHook struct{}
+
+func (noHook) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+func (noHook) AfterQuery(context.Context, *bun.QueryEvent)                        {}

@@ -112,6 +112,9 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 	if len(method) > maxMethodLen {
 		return nil, Errorf(EBADINPUT, "method is longer than %d characters", maxMethodLen)
 	}
+	if err := checkBuyerText("method", method); err != nil {
+		return nil, err
+	}
 	p, ok := s.Providers.Offered(in.Provider)
 	if !ok {
 		return nil, Errorf(EBADINPUT, "provider %q is not enabled; use one of %v", in.Provider, s.Providers.OfferedNames())
