@@ -39,3 +39,10 @@ func (l *Ledger) PlaceBatchForTest(ctx context.Context, ins []PlaceOrderInput) (
 func (l *Ledger) RecordPaymentsForTest(ctx context.Context, ps []Payment) ([]*PaymentResult, []error) {
 	return l.recordPayments(ctx, ps)
 }
+
+// QueuedPlacesForTest is how many PlaceOrder calls wait for a batch.
+func (l *Ledger) QueuedPlacesForTest() int { return l.placer.Queued() }
+
+// SetMaxQueuedPlacesForTest bounds the PlaceOrder calls waiting for a
+// batch; call it before the ledger is used.
+func (l *Ledger) SetMaxQueuedPlacesForTest(n int) { l.placer.MaxQueued = n }

@@ -7,6 +7,7 @@ package domain
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/big"
@@ -142,9 +143,29 @@ func NewLedger(db *bun.DB, sealer *Sealer, cfg Config, alerts Alerter) *Ledger {
 		alerts = LogAlerter{}
 	}
 	l := &Ledger{db: db, sealer: sealer, cfg: cfg.withDefaults(), alerts: alerts, Now: time.Now}
-	l.placer = &group.Batcher[PlaceOrderInput, *PlacedOrder]{MaxLeaders: groupLeaders, MaxBatch: maxGroup, Run: l.placeBatch}
+	l.placer = &group.Batcher[PlaceOrderInput, *PlacedOrder]{MaxLeaders: groupLeaders, MaxBatch: maxGroup, MaxQueued: maxQueued, Run: l.placeBatch}
+	// Payments are not bounded: each is money already taken, and a burst
+	// of them (a gateway redelivering its backlog) is work the shop must
+	// do, not a crowd it may turn away. A webhook whose request ends still
+	// leaves the queue.
 	l.payer = &group.Batcher[Payment, *PaymentResult]{MaxLeaders: groupLeaders, MaxBatch: maxGroup, Run: l.recordPayments}
 	return l
+}
+
+// maxQueued bounds the placements waiting for a shared transaction:
+// sixteen batches, a fraction of a second of work while the database
+// keeps up (see groupLeaders). When it stalls, a call beyond that is
+// refused at once (UNAVAILABLE, try again) instead of waiting behind work
+// that cannot finish; a caller that gives up meanwhile leaves the queue.
+const maxQueued = 16 * maxGroup
+
+// groupErr turns a call the batcher refused into the error a client is
+// shown.
+func groupErr(err error) error {
+	if errors.Is(err, group.ErrFull) {
+		return Errorf(EUNAVAILABLE, "the shop is busy this moment; try again")
+	}
+	return err
 }
 
 // maxGroup bounds the calls one shared transaction carries: enough for a

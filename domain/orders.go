@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/uptrace/bun"
@@ -46,13 +47,20 @@ const (
 // the idempotency key bound to that address. Normalizing twice is the same
 // as once.
 func (in *PlaceOrderInput) normalize() error {
+	for _, f := range []struct{ name, value string }{
+		{"contact", in.Contact}, {"provider", in.Provider}, {"idempotencyKey", in.IdempotencyKey},
+	} {
+		if err := checkBuyerText(f.name, f.value); err != nil {
+			return err
+		}
+	}
 	in.IdempotencyKey = strings.TrimSpace(in.IdempotencyKey)
 	switch {
 	case in.ProductID <= 0:
 		return Errorf(EBADINPUT, "productId must be a product's id")
 	case in.Quantity <= 0:
 		return Errorf(EBADINPUT, "quantity must be at least 1")
-	case len(in.Contact) > 4*MaxContactLen || !utf8.ValidString(in.Contact):
+	case len(in.Contact) > 4*MaxContactLen:
 		return Errorf(EBADINPUT, "contact must be 1 to %d characters", MaxContactLen)
 	case in.Provider == "" || len(in.Provider) > 16:
 		return Errorf(EBADINPUT, "provider is required")
@@ -66,6 +74,23 @@ func (in *PlaceOrderInput) normalize() error {
 	in.ClientAddr = AddressKey(in.ClientAddr)
 	if in.IdempotencyKey != "" && !in.keyScoped {
 		in.IdempotencyKey, in.keyScoped = scopedIdempotencyKey(in.ClientAddr, in.IdempotencyKey), true
+	}
+	return nil
+}
+
+// checkBuyerText refuses a string a buyer sends into an order (contact,
+// provider, idempotency key, payment method) that is not valid UTF-8 or
+// holds a control character other than white space (which normalization
+// trims or removes). Such a string is never a real contact or key, and
+// PostgreSQL refuses NUL and invalid UTF-8 outright: let through, it
+// would fail the shared INSERT of every batch it joined and split each
+// into one transaction per order. The value is not echoed.
+func checkBuyerText(field, s string) error {
+	if !utf8.ValidString(s) {
+		return Errorf(EBADINPUT, "%s is not valid UTF-8 text", field)
+	}
+	if strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) && !unicode.IsSpace(r) }) {
+		return Errorf(EBADINPUT, "%s must not contain control characters", field)
 	}
 	return nil
 }
@@ -92,7 +117,8 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 		return nil, err
 	}
 	// A reused idempotency key is answered inside the batch (replayBatch).
-	return l.placer.Do(ctx, in)
+	placed, err := l.placer.Do(ctx, in)
+	return placed, groupErr(err)
 }
 
 // placeBatch places a batch of normalized orders in one transaction. Should
@@ -123,7 +149,11 @@ func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*Plac
 		}
 		return placed, errs
 	}
-	errs[0] = err
+	// Out of time (or a batch of one): every caller of the batch gets the
+	// error, so each gives back what it took for the order.
+	for i := range errs {
+		errs[i] = err
+	}
 	if len(ins) == 1 && ins[0].IdempotencyKey != "" && isUniqueViolation(err) {
 		// Another request with the same key won the race; its order is
 		// this request's answer.

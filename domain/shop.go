@@ -132,6 +132,9 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 	if len(method) > maxMethodLen {
 		return nil, Errorf(EBADINPUT, "method is longer than %d characters", maxMethodLen)
 	}
+	if err := checkBuyerText("method", method); err != nil {
+		return nil, err
+	}
 	p, ok := s.Providers.Offered(in.Provider)
 	if !ok {
 		return nil, Errorf(EBADINPUT, "provider %q is not enabled; use one of %v", in.Provider, s.Providers.OfferedNames())
@@ -164,6 +167,11 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 		}
 	}
 	placed, err := s.Ledger.PlaceOrder(ctx, in)
+	if err == nil && placed == nil {
+		// Cannot happen (group.Batcher answers a missing answer with an
+		// error); should it, the admission must still go back.
+		err = errors.New("the ledger placed no order and reported no error")
+	}
 	if s.Gate != nil && (err != nil || placed.Replayed) {
 		// Nothing was locked for this request: give the admission back.
 		if gerr := s.Gate.GiveBack(context.WithoutCancel(ctx), in.ProductID, in.Quantity); gerr != nil {
@@ -174,7 +182,8 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 		return nil, err
 	}
 	if !placed.Replayed && s.Scheduler != nil {
-		if err := s.Scheduler.ScheduleClose(ctx, placed.Order.OrderNo, placed.Order.ExpiresAt); err != nil {
+		// The order exists now, whether or not its buyer is still there.
+		if err := s.Scheduler.ScheduleClose(context.WithoutCancel(ctx), placed.Order.OrderNo, placed.Order.ExpiresAt); err != nil {
 			// The sweeper finds PENDING orders missing from the queue.
 			s.log().WarnContext(ctx, "schedule close failed; the sweeper will", "order", placed.Order.OrderNo, "err", err)
 		}

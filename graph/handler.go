@@ -214,6 +214,7 @@ func NewHandler(cfg Config) http.Handler {
 		srv.Use(extension.Introspection{})
 	}
 	srv.Use(newOperationLimits(cfg.MaxComplexity, cfg.MaxDepth, !cfg.DisableIntrospection, w))
+	srv.AroundFields(refuseUnstorableText)
 	srv.SetErrorPresenter(presenter(cfg.Logger))
 	srv.SetRecoverFunc(recoverer(cfg.Logger))
 	known := knownOperations(es.Schema())

@@ -6,7 +6,10 @@ package group
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"sync"
 	"time"
 )
@@ -28,9 +31,16 @@ import (
 type Batcher[In, Out any] struct {
 	MaxLeaders int // batches served at once; at least 1
 	MaxBatch   int // calls in one batch; 0: no limit
+	// MaxQueued bounds the calls waiting for a batch: a call that finds
+	// that many waiting is refused at once with ErrFull rather than queued
+	// behind work that cannot finish in time (a stalled database). 0: no
+	// bound.
+	MaxQueued int
 	// Run answers every call of one batch: out[i] and errs[i] belong to
 	// ins[i]. It runs under a context that outlives the leader's request,
-	// bounded by Timeout.
+	// bounded by Timeout. A call it leaves without an answer (out and errs
+	// shorter than ins, or a nil out[i] with a nil errs[i]) is answered
+	// with ErrNoAnswer: no caller is ever told "done" with nothing.
 	Run func(ctx context.Context, ins []In) (out []Out, errs []error)
 
 	mu      sync.Mutex
@@ -45,25 +55,47 @@ type batchCall[In, Out any] struct {
 	err  error
 	done chan struct{}              // closed when out and err are set
 	lead chan []*batchCall[In, Out] // the batch this call is to lead
+	// taken is set (under Batcher.mu) when a batch takes the call out of
+	// the queue; from then on the call is answered by that batch only.
+	taken bool
 }
+
+// ErrFull refuses a call that finds MaxQueued calls waiting.
+var ErrFull = errors.New("group: too many calls are waiting")
+
+// ErrNoAnswer answers a call that its batch's Run left without an answer:
+// a bug in Run, which the caller must treat as a failure (its outcome is
+// unknown, so it holds nothing it can rely on).
+var ErrNoAnswer = errors.New("group: the batch left this call without an answer")
 
 // Timeout bounds one batch's work. A batch runs for callers other than its
 // leader, so it must not stop when the leader's request does.
 const Timeout = 30 * time.Second
 
-// Do queues in and returns its answer. It never abandons a queued call: a
-// batch takes milliseconds, and a call whose context ended before its
-// batch started is answered with the context's error without running.
+// Do queues in and returns its answer.
+//
+// A call whose context ends while it waits in the queue leaves the queue
+// and returns the context's error: it is never run. A call already taken
+// into a batch waits for that batch's answer whatever its context says
+// (the batch is bounded by Timeout), so that what the batch did for it is
+// never done behind its back: the caller learns of it and can undo it.
+// A call that finds MaxQueued calls waiting gets ErrFull at once.
 func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 	c := &batchCall[In, Out]{ctx: ctx, in: in, done: make(chan struct{}), lead: make(chan []*batchCall[In, Out], 1)}
 	var batch []*batchCall[In, Out]
 	b.mu.Lock()
+	if b.MaxQueued > 0 && len(b.queue) >= b.MaxQueued {
+		b.mu.Unlock()
+		var zero Out
+		return zero, ErrFull
+	}
 	b.queue = append(b.queue, c)
 	if b.leaders < max(b.MaxLeaders, 1) {
 		b.leaders++
 		batch = b.take()
 	}
 	b.mu.Unlock()
+	ended := ctx.Done()
 	for {
 		if batch != nil {
 			b.runBatch(ctx, batch)
@@ -74,8 +106,28 @@ func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 		case <-c.done:
 			return c.out, c.err
 		case batch = <-c.lead:
+		case <-ended:
+			if b.withdraw(c) {
+				var zero Out
+				return zero, ctx.Err()
+			}
+			ended = nil // in a batch already: its answer (or the lead) comes
 		}
 	}
+}
+
+// withdraw takes c out of the queue if no batch has taken it yet.
+func (b *Batcher[In, Out]) withdraw(c *batchCall[In, Out]) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c.taken {
+		return false
+	}
+	if i := slices.Index(b.queue, c); i >= 0 {
+		b.queue = slices.Delete(b.queue, i, i+1)
+		return true
+	}
+	return false
 }
 
 // Queued is how many calls wait for a batch.
@@ -93,6 +145,9 @@ func (b *Batcher[In, Out]) take() []*batchCall[In, Out] {
 	}
 	batch := make([]*batchCall[In, Out], n)
 	copy(batch, b.queue)
+	for _, c := range batch {
+		c.taken = true
+	}
 	clear(b.queue[:n]) // let answered calls be collected
 	b.queue = b.queue[n:]
 	return batch
@@ -133,9 +188,8 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	defer cancel()
 	answered := 0 // live[:answered] have their answer
 	defer func() {
-		// A panic in Run (or answers that do not match the batch) is a bug;
-		// it must not leave the batch's callers waiting forever or the lead
-		// lost.
+		// A panic in Run is a bug; it must not leave the batch's callers
+		// waiting forever or the lead lost.
 		if r := recover(); r != nil {
 			for _, c := range live[answered:] {
 				c.err = fmt.Errorf("internal error: %v", r)
@@ -145,8 +199,27 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	}()
 	out, errs := b.Run(runCtx, ins)
 	for i, c := range live {
-		c.out, c.err = out[i], errs[i]
+		if i < len(out) {
+			c.out = out[i]
+		}
+		if i < len(errs) {
+			c.err = errs[i]
+		}
+		if c.err == nil && (i >= len(out) || isNil(c.out)) {
+			c.err = ErrNoAnswer
+		}
 		close(c.done)
 		answered++
 	}
+}
+
+// isNil reports whether v is a nil pointer, interface, map, slice, channel
+// or function: for such an Out, a nil answer without an error is no answer.
+func isNil[T any](v T) bool {
+	rv := reflect.ValueOf(&v).Elem()
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func:
+		return rv.IsNil()
+	}
+	return false
 }

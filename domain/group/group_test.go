@@ -205,3 +205,220 @@ func TestSurvivesShortAnswers(t *testing.T) {
 		t.Fatalf("%d answered, %d failed; want 1 and 2", ok, failed)
 	}
 }
+
+// TestNilAnswerIsAnError: a Run that answers a call with neither a
+// result nor an error (a nil pointer and a nil error) leaves that caller
+// with ErrNoAnswer, never with (nil, nil); the calls it did answer keep
+// their answer.
+func TestNilAnswerIsAnError(t *testing.T) {
+	t.Parallel()
+	started, release := make(chan struct{}), make(chan struct{})
+	b := &Batcher[int, *int]{MaxLeaders: 1, Run: func(ctx context.Context, ins []int) ([]*int, []error) {
+		out := make([]*int, len(ins))
+		if ins[0] == 0 {
+			close(started)
+			<-release // hold the lead while the others queue into one batch
+			out[0] = &ins[0]
+			return out, make([]error, len(ins))
+		}
+		for i := range ins {
+			if ins[i]%2 == 0 {
+				out[i] = &ins[i]
+			}
+		}
+		return out, nil // no errors at all: the odd calls get nothing
+	}}
+	first := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), 0); first <- err }()
+	<-started
+	type answer struct {
+		in  int
+		out *int
+		err error
+	}
+	answers := make(chan answer, 4)
+	for i := 1; i <= 4; i++ {
+		go func() { got, err := b.Do(context.Background(), i); answers <- answer{i, got, err} }()
+	}
+	for b.Queued() != 4 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		a := <-answers
+		if a.in%2 == 0 {
+			if a.err != nil || a.out == nil || *a.out != a.in {
+				t.Errorf("call %d: %v, %v; want its answer", a.in, a.out, a.err)
+			}
+			continue
+		}
+		if !errors.Is(a.err, ErrNoAnswer) || a.out != nil {
+			t.Errorf("call %d: %v, %v; want ErrNoAnswer", a.in, a.out, a.err)
+		}
+	}
+}
+
+// holdLead starts a call that leads a batch and holds it inside Run until
+// release is closed, so that the calls made meanwhile queue. Run answers
+// every call with its input; ran records every input it was given.
+func holdLead(t *testing.T, b *Batcher[int, int], ran *sync.Map) (release func(), first <-chan error) {
+	t.Helper()
+	started, hold := make(chan struct{}), make(chan struct{})
+	b.Run = func(ctx context.Context, ins []int) ([]int, []error) {
+		for _, in := range ins {
+			ran.Store(in, true)
+		}
+		if ins[0] == 0 {
+			close(started)
+			<-hold
+		}
+		return ins, make([]error, len(ins))
+	}
+	errc := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), 0); errc <- err }()
+	<-started
+	return func() { close(hold) }, errc
+}
+
+// waitFor polls cond until it holds, failing the test after a generous
+// deadline (it never judges by how fast anything ran).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestDropsEndedQueuedCall: a queued call whose context ends leaves the
+// queue at once, before the batch ahead of it is done, with the context's
+// error; it is never run.
+func TestDropsEndedQueuedCall(t *testing.T) {
+	t.Parallel()
+	b := &Batcher[int, int]{MaxLeaders: 1}
+	var ran sync.Map
+	release, first := holdLead(t, b, &ran)
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, 1); ended <- err }()
+	live := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), 2); live <- err }()
+	waitFor(t, "two queued calls", func() bool { return b.Queued() == 2 })
+	cancel()
+	var err error
+	waitFor(t, "the ended call's answer", func() bool {
+		select {
+		case err = <-ended:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended call: %v, want context.Canceled", err)
+	}
+	if q := b.Queued(); q != 1 {
+		t.Fatalf("%d calls queued after the drop, want 1", q)
+	}
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-live; err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ran.Load(1); ok {
+		t.Fatal("the dropped call was run")
+	}
+	if _, ok := ran.Load(2); !ok {
+		t.Fatal("the live call was not run")
+	}
+}
+
+// TestEndedCallInRunningBatchGetsItsAnswer: a call already taken into a
+// running batch is not dropped when its context ends: it gets what the
+// batch did for it, so its caller can undo it.
+func TestEndedCallInRunningBatchGetsItsAnswer(t *testing.T) {
+	t.Parallel()
+	b := &Batcher[int, int]{MaxLeaders: 1}
+	var ran sync.Map
+	release, first := holdLead(t, b, &ran)
+	// Calls 1 and 2 queue behind call 0; the batch [1 2] is then held in
+	// its Run until hold2 closes.
+	inSecond, hold2 := make(chan struct{}), make(chan struct{})
+	run := b.Run
+	b.Run = func(ctx context.Context, ins []int) ([]int, []error) {
+		if ins[0] == 1 {
+			close(inSecond)
+			<-hold2
+		}
+		return run(ctx, ins)
+	}
+	go func() { _, _ = b.Do(context.Background(), 1) }()
+	waitFor(t, "call 1 queued", func() bool { return b.Queued() == 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	type answer struct {
+		out int
+		err error
+	}
+	second := make(chan answer, 1)
+	go func() { out, err := b.Do(ctx, 2); second <- answer{out, err} }()
+	waitFor(t, "call 2 queued", func() bool { return b.Queued() == 2 })
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	<-inSecond
+	cancel()
+	close(hold2)
+	if a := <-second; a.err != nil || a.out != 2 {
+		t.Fatalf("call 2: %d, %v; want its answer 2", a.out, a.err)
+	}
+}
+
+// TestFullQueueRefusesAtOnce: with MaxQueued calls waiting, one more call
+// is refused with ErrFull at once, while the batch ahead still runs; the
+// queued ones are served.
+func TestFullQueueRefusesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := &Batcher[int, int]{MaxLeaders: 1, MaxQueued: 2}
+	var ran sync.Map
+	release, first := holdLead(t, b, &ran)
+	queued := make(chan error, 2)
+	for i := 1; i <= 2; i++ {
+		go func() { _, err := b.Do(context.Background(), i); queued <- err }()
+	}
+	waitFor(t, "two queued calls", func() bool { return b.Queued() == 2 })
+	over := make(chan error, 1)
+	go func() { _, err := b.Do(context.Background(), 3); over <- err }()
+	var err error
+	waitFor(t, "the call beyond MaxQueued to be refused", func() bool {
+		select {
+		case err = <-over:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err, ErrFull) {
+		t.Fatalf("a call beyond MaxQueued: %v, want ErrFull", err)
+	}
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-queued; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := ran.Load(3); ok {
+		t.Fatal("the refused call was run")
+	}
+}

@@ -1,0 +1,54 @@
+package graph
+
+import (
+	"context"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/99designs/gqlgen/graphql"
+
+	"kami/domain"
+)
+
+// refuseUnstorableText is a field middleware: a field whose arguments hold
+// a string with a NUL character or invalid UTF-8, anywhere (an order
+// number, a token, a filter, a field of an input object), is answered
+// BAD_INPUT without running. No such string is anything kami stored
+// (PostgreSQL refuses both outright), and passed on, the database's
+// refusal would reach the client as an internal error. The value is not
+// echoed. Finer rules for what a buyer may send into an order live in the
+// domain (PlaceOrderInput's checks).
+func refuseUnstorableText(ctx context.Context, next graphql.Resolver) (any, error) {
+	fc := graphql.GetFieldContext(ctx)
+	if fc == nil || len(fc.Field.Arguments) == 0 || !graphql.HasOperationContext(ctx) {
+		return next(ctx)
+	}
+	for name, v := range fc.Field.ArgumentMap(graphql.GetOperationContext(ctx).Variables) {
+		if !storableText(v) {
+			return nil, domain.Errorf(domain.EBADINPUT, "%s must be text without NUL characters", name)
+		}
+	}
+	return next(ctx)
+}
+
+// storableText reports whether every string in v (an argument's value:
+// scalars, lists and input objects) is valid UTF-8 without NUL.
+func storableText(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return utf8.ValidString(v) && !strings.ContainsRune(v, 0)
+	case []any:
+		for _, e := range v {
+			if !storableText(e) {
+				return false
+			}
+		}
+	case map[string]any:
+		for _, e := range v {
+			if !storableText(e) {
+				return false
+			}
+		}
+	}
+	return true
+}
