@@ -19,13 +19,13 @@ var fates = []struct {
 	name string
 	w    int
 }{
-	{"pay", 38},          // pays within its time
-	{"pay-dropped", 7},   // pays, but the gateway's notification never arrives
-	{"pay-twice", 10},    // the notification arrives twice at once (and again later); sandbox: two trades
-	{"pay-late", 12},     // pays after the order closed
-	{"pay-at-close", 6},  // pays just as the order falls due
-	{"cancel", 8},        // cancels
-	{"abandon", 19},      // never pays
+	{"pay", 38},         // pays within its time
+	{"pay-dropped", 7},  // pays, but the gateway's notification never arrives
+	{"pay-twice", 10},   // the notification arrives twice at once (and again later); sandbox: two trades
+	{"pay-late", 12},    // pays after the order closed
+	{"pay-at-close", 6}, // pays just as the order falls due
+	{"cancel", 8},       // cancels
+	{"abandon", 19},     // never pays
 }
 
 func pickFate(r *rand.Rand) string {

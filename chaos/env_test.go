@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -589,5 +588,3 @@ func waitFor(within time.Duration, cond func() bool) bool {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
