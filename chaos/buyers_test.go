@@ -99,12 +99,17 @@ func (c *campaign) placeOne(r *rand.Rand, contact string) {
 		}
 		p := live[int((procPick+uint64(attempt))%uint64(len(live)))]
 		c.figures.createTries.Add(1)
-		code, _ := c.gql(p, false, `mutation($in: CreateOrderInput!) { createOrder(input: $in) { order { orderNo amount expiresAt } accessToken } }`,
+		code, err := c.gql(p, false, `mutation($in: CreateOrderInput!) { createOrder(input: $in) { order { orderNo amount expiresAt } accessToken } }`,
 			map[string]any{"in": map[string]any{"productId": prod.id, "quantity": qty, "contact": contact, "provider": provider, "idempotencyKey": key}}, &out)
 		if code == "" {
 			break
 		}
 		c.figures.count(c.figures.createErrors, code)
+		c.figures.figuresMu.Lock()
+		if c.figures.createErrorText[code] == "" {
+			c.figures.createErrorText[code] = fmt.Sprintf("%s: %v", p.name(), err)
+		}
+		c.figures.figuresMu.Unlock()
 		switch code {
 		case "TRANSPORT", "UNAVAILABLE", "INTERNAL":
 			time.Sleep(300 * time.Millisecond)
@@ -140,6 +145,9 @@ func (c *campaign) placeOne(r *rand.Rand, contact string) {
 	c.buyers.Add(1)
 	go func() {
 		defer c.buyers.Done()
+		if fate == "retry-bad-method" {
+			c.retryBadMethod(o, prod, contact, key)
+		}
 		c.live(o, delay, adminRefund, twice)
 	}()
 }
@@ -147,7 +155,7 @@ func (c *campaign) placeOne(r *rand.Rand, contact string) {
 // live plays an order's fate.
 func (c *campaign) live(o *order, delay time.Duration, adminRefund, twice bool) {
 	switch o.fate {
-	case "pay", "pay-dropped", "pay-twice":
+	case "pay", "pay-dropped", "pay-twice", "retry-bad-method":
 		time.Sleep(delay)
 		c.pay(o, o.fate == "pay-dropped", o.fate == "pay-twice")
 	case "pay-at-close":
@@ -206,11 +214,38 @@ func (c *campaign) pay(o *order, dropped, twice bool) {
 	if dropped {
 		return
 	}
-	c.notify(o.provider, h, body, nil)
+	acked := func() {
+		o.mu.Lock()
+		o.acked = true
+		o.mu.Unlock()
+	}
+	c.notify(o.provider, h, body, acked)
 	if twice {
-		c.notify(o.provider, h, body, nil)
+		c.notify(o.provider, h, body, acked)
 		time.Sleep(2 * time.Second)
-		c.notify(o.provider, h, body, nil)
+		c.notify(o.provider, h, body, acked)
+	}
+}
+
+// retryBadMethod: the buyer's client retries createOrder with the same
+// idempotency key but a payment method the provider does not offer. The
+// retry is refused; the buyer's live order must stay as it was.
+func (c *campaign) retryBadMethod(o *order, prod product, contact, key string) {
+	p := c.pick(nil)
+	if p == nil {
+		return
+	}
+	code, _ := c.gql(p, false, `mutation($in: CreateOrderInput!) { createOrder(input: $in) { order { orderNo } } }`,
+		map[string]any{"in": map[string]any{"productId": prod.id, "quantity": o.qty, "contact": contact, "provider": o.provider,
+			"idempotencyKey": key, "method": "bogus"}}, nil)
+	if code == "" {
+		c.violation("order %s: a retry with payment method \"bogus\" was accepted", o.no)
+	}
+	if st := c.status(o); st == "CLOSED" && time.Now().Before(o.expiresAt) {
+		o.mu.Lock()
+		o.closedByRetry = true
+		o.mu.Unlock()
+		c.violation("order %s: a retry of createOrder with a bad payment method (refused: %s) closed the buyer's live order", o.no, code)
 	}
 }
 
@@ -328,7 +363,7 @@ func (c *campaign) watchCloses() func() {
 				if o.closedSeen.IsZero() {
 					o.closedSeen = now
 					c.figures.closedSeen++
-					if now.Before(o.expiresAt) && !o.cancelSent {
+					if now.Before(o.expiresAt) && !o.cancelSent && !o.closedByRetry && o.fate != "retry-bad-method" {
 						c.figures.closedEarly++
 						c.violation("order %s closed early: seen CLOSED %s before the expiresAt its buyer was told (%s)",
 							no, o.expiresAt.Sub(now).Round(time.Millisecond), o.expiresAt.Format(time.RFC3339Nano))

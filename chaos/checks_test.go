@@ -36,6 +36,66 @@ import (
 // (checkNothingPending), none closed before the time its buyer was told
 // (watchCloses), every notification acknowledged in the end (notify).
 
+// checkAcknowledged runs after one sweep, before the reconciliation: a
+// payment whose notification kami acknowledged has been acted on, the
+// order delivered or a refund recorded, without waiting for the
+// statements. Paid trades kami was never told of (dropped notifications)
+// may be left to the reconciliation; they are counted.
+func (c *campaign) checkAcknowledged() {
+	ctx := context.Background()
+	orders, err := c.readOrders(ctx)
+	if err != nil {
+		c.violation("read the ledger: %v", err)
+		return
+	}
+	refunds, err := c.readRefunds(ctx)
+	if err != nil {
+		c.violation("read the refunds: %v", err)
+		return
+	}
+	has := map[string]bool{} // provider/trade with a refund row
+	for _, r := range refunds {
+		has[r.provider+"/"+r.tradeNo] = true
+	}
+	actedOn := func(prov, orderNo, trade string) bool {
+		o := orders[orderNo]
+		return has[prov+"/"+trade] || (o != nil && o.tradeNo == trade && o.status != "PENDING" && o.status != "CLOSED")
+	}
+	for _, tr := range c.paidTrades(refunds) {
+		c.mu.Lock()
+		o := c.orders[tr.orderNo]
+		c.mu.Unlock()
+		acked := false
+		if tr.provider == "sandbox" {
+			c.mu.Lock()
+			for _, sp := range c.sandbox {
+				if sp.tradeNo == tr.tradeNo {
+					acked = sp.acked.Load()
+				}
+			}
+			c.mu.Unlock()
+		} else if o != nil {
+			o.mu.Lock()
+			acked = o.acked
+			o.mu.Unlock()
+		}
+		if actedOn(tr.provider, tr.orderNo, tr.tradeNo) {
+			continue
+		}
+		st := "missing"
+		if d := orders[tr.orderNo]; d != nil {
+			st = d.status
+		}
+		if acked {
+			c.violation("before the reconciliation: kami acknowledged the payment of %s trade %s (order %s, %d fen), yet the order is %s and no refund exists",
+				tr.provider, tr.tradeNo, tr.orderNo, tr.fen, st)
+		} else {
+			c.figures.leftToStatements++
+			c.note("before the reconciliation: %s trade %s (order %s, %s), whose notification was never delivered, is not acted on yet", tr.provider, tr.tradeNo, tr.orderNo, st)
+		}
+	}
+}
+
 // paidTrade is one trade a gateway holds as paid.
 type paidTrade struct {
 	provider, orderNo, tradeNo string
@@ -111,7 +171,7 @@ func (c *campaign) check() {
 	c.checkGatewayRefunds(refundByNo)
 	c.checkCards(ctx, orders)
 	c.checkCodes(orders)
-	c.checkCounters(ctx)
+	c.checkCounters(ctx, "after the reconciliation")
 	if out, err := c.env.kami("audit"); err != nil {
 		c.violation("kami audit: %v:\n%s", err, strings.TrimSpace(out))
 	}
@@ -350,7 +410,11 @@ func (c *campaign) checkCodes(orders map[string]*dbOrder) {
 // checkCounters: every stock counter equals the database's sellable count
 // (UNSOLD and RECYCLED cards). A missing counter is rebuilt on its next
 // use, so it is noted, not counted wrong.
-func (c *campaign) checkCounters(ctx context.Context) {
+//
+// It runs twice: after one sweep, before the reconciliation (which sets
+// every counter from the database, and would hide a sweep that did not
+// repair one), and at the end.
+func (c *campaign) checkCounters(ctx context.Context, stage string) {
 	keys := queue.NewKeys(c.env.prefix)
 	for _, p := range c.products {
 		id, _ := strconv.ParseInt(p.id, 10, 64)
@@ -362,11 +426,11 @@ func (c *campaign) checkCounters(ctx context.Context) {
 		v, err := c.env.rdb.Get(ctx, keys.Stock(id)).Int64()
 		switch {
 		case err == redis.Nil:
-			c.note("product %d's stock counter is missing (rebuilt on its next order); the database has %d sellable", id, sellable)
+			c.note("%s, product %d's stock counter is missing (rebuilt on its next order); the database has %d sellable", stage, id, sellable)
 		case err != nil:
-			c.violation("read product %d's stock counter: %v", id, err)
+			c.violation("%s, read product %d's stock counter: %v", stage, id, err)
 		case v != sellable:
-			c.violation("product %d's stock counter says %d, the database has %d sellable cards", id, v, sellable)
+			c.violation("%s, product %d's stock counter says %d, the database has %d sellable cards", stage, id, v, sellable)
 		default:
 			c.figures.counters++
 		}

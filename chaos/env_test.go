@@ -82,7 +82,7 @@ func newEnv(t *testing.T, seed int64, nProcs int, skew time.Duration) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() {
+		if t.Failed() || *keepFlag {
 			t.Logf("the processes' logs are kept in %s", dir)
 			return
 		}
@@ -206,7 +206,10 @@ func (e *env) startEmulators() {
 	}
 	const serial = "5157F09EFDC096DE15EBE81A47057A72"
 	wx, err := wechatemu.New(wechatemu.Options{MerchantSerialNo: serial, MerchantPublicKey: &merchant.PublicKey,
-		SlowDelay: 300 * time.Millisecond, HoldMax: 3 * time.Second, EarlyStatements: true})
+		SlowDelay: 300 * time.Millisecond, HoldMax: 3 * time.Second, EarlyStatements: true,
+		// Refunds answer PROCESSING first, as WeChat Pay's do; a query
+		// finds them SUCCESS.
+		RefundProcessing: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +290,10 @@ func (p *proc) environ() []string {
 	pgURL, _ := url.Parse(e.dbURL)
 	pgURL.Host = p.pg.Listen
 	vars := map[string]string{
-		"KAMI_ADDR": p.addr, "KAMI_PUBLIC_URL": p.url(), "KAMI_DATA_DIR": p.dir,
+		"KAMI_ADDR": p.addr, "KAMI_DATA_DIR": p.dir,
+		// WeChat Pay wants an https notify_url; the campaign delivers the
+		// notifications itself, so the name need not resolve.
+		"KAMI_PUBLIC_URL":   fmt.Sprintf("https://%s.chaos.test", p.name()),
 		"KAMI_DATABASE_URL": pgURL.String(), "KAMI_DB_MAX_CONNS": "8",
 		"KAMI_REDIS_URL": "redis://" + p.redis.Listen + "/0", "KAMI_REDIS_PREFIX": e.prefix,
 		"KAMI_ADMIN_TOKEN": adminToken, "KAMI_CARD_KEY": cardKey, "KAMI_SANDBOX_SECRET": sandboxSecret,
