@@ -85,6 +85,7 @@ func (c *campaign) placeOne(r *rand.Rand, contact string) {
 		CreateOrder struct {
 			Order struct {
 				OrderNo   string `json:"orderNo"`
+				Status    string `json:"status"`
 				Amount    string `json:"amount"`
 				ExpiresAt string `json:"expiresAt"`
 			} `json:"order"`
@@ -99,7 +100,7 @@ func (c *campaign) placeOne(r *rand.Rand, contact string) {
 		}
 		p := live[int((procPick+uint64(attempt))%uint64(len(live)))]
 		c.figures.createTries.Add(1)
-		code, err := c.gql(p, false, `mutation($in: CreateOrderInput!) { createOrder(input: $in) { order { orderNo amount expiresAt } accessToken } }`,
+		code, err := c.gql(p, false, `mutation($in: CreateOrderInput!) { createOrder(input: $in) { order { orderNo status amount expiresAt } accessToken } }`,
 			map[string]any{"in": map[string]any{"productId": prod.id, "quantity": qty, "contact": contact, "provider": provider, "idempotencyKey": key}}, &out)
 		if code == "" {
 			break
@@ -119,6 +120,13 @@ func (c *campaign) placeOne(r *rand.Rand, contact string) {
 	}
 	co := out.CreateOrder
 	if co.Order.OrderNo == "" {
+		return
+	}
+	if co.Order.Status != "PENDING" {
+		// A retry answered with an order the first try's failure had
+		// already cancelled: the buyer is shown a payment for it.
+		c.violation("createOrder answered order %s, which is already %s, with a payment to make (a retry with the same idempotency key after the first try failed)",
+			co.Order.OrderNo, co.Order.Status)
 		return
 	}
 	exp, err := time.Parse(time.RFC3339Nano, co.Order.ExpiresAt)
@@ -329,9 +337,8 @@ func (c *campaign) refund(o *order, twice bool) {
 }
 
 // watchCloses polls the database every 200 ms for orders that have become
-// CLOSED, and notes when the campaign first saw each: an order seen closed
-// before the expiresAt its buyer was told, without the buyer cancelling,
-// was closed early. It returns the function that stops it.
+// CLOSED, and notes when the campaign first saw each (see checkEarly). It
+// returns the function that stops it.
 func (c *campaign) watchCloses() func() {
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -363,11 +370,6 @@ func (c *campaign) watchCloses() func() {
 				if o.closedSeen.IsZero() {
 					o.closedSeen = now
 					c.figures.closedSeen++
-					if now.Before(o.expiresAt) && !o.cancelSent && !o.closedByRetry && o.fate != "retry-bad-method" {
-						c.figures.closedEarly++
-						c.violation("order %s closed early: seen CLOSED %s before the expiresAt its buyer was told (%s)",
-							no, o.expiresAt.Sub(now).Round(time.Millisecond), o.expiresAt.Format(time.RFC3339Nano))
-					}
 				}
 				o.mu.Unlock()
 			}
@@ -375,6 +377,33 @@ func (c *campaign) watchCloses() func() {
 		}
 	}()
 	return func() { close(stop); <-done }
+}
+
+// checkEarly: an order seen CLOSED before the expiresAt its buyer was
+// told, without the buyer cancelling, was closed early. The message names
+// the process that closed it (from its log) and that process's clock.
+func (c *campaign) checkEarly() {
+	closers := c.env.closers()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.orders {
+		o.mu.Lock()
+		seen, exp, excused := o.closedSeen, o.expiresAt, o.cancelSent || o.closedByRetry || o.fate == "retry-bad-method"
+		o.mu.Unlock()
+		if seen.IsZero() || !seen.Before(exp) || excused {
+			continue
+		}
+		c.figures.closedEarly++
+		by := closers[o.no]
+		for _, p := range c.env.procs {
+			if p.name() == by && p.skew != 0 {
+				by += fmt.Sprintf(" (clock %+v)", p.skew)
+			}
+		}
+		c.violations = append(c.violations, violation{format: "order closed early by %s",
+			msg: fmt.Sprintf("order %s closed early: seen CLOSED %s before the expiresAt its buyer was told, closed by %s",
+				o.no, exp.Sub(seen).Round(time.Millisecond), by), group: "order closed early by " + by})
+	}
 }
 
 // checkNothingPending: no order is PENDING once its time and one sweep (and

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -131,7 +132,7 @@ type campaign struct {
 	mu         sync.Mutex
 	orders     map[string]*order // by order number
 	sandbox    []*sandboxPayment
-	violations []string
+	violations []violation
 	notes      []string
 
 	buyers   sync.WaitGroup // order goroutines
@@ -262,16 +263,20 @@ func (c *campaign) run() {
 	c.reconcile()
 	c.settle()
 	c.env.readLogs()
+	c.checkEarly()
 	c.check()
 	c.figures.alerts = c.env.alerts.kinds()
 	c.report()
 }
 
+// violation is a broken promise; the report groups them by group (their
+// format, unless set).
+type violation struct{ format, msg, group string }
+
 // violation records a broken promise.
 func (c *campaign) violation(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
 	c.mu.Lock()
-	c.violations = append(c.violations, msg)
+	c.violations = append(c.violations, violation{format: format, msg: fmt.Sprintf(format, args...), group: format})
 	c.mu.Unlock()
 }
 
@@ -628,6 +633,9 @@ func sorted(m map[string]int) string {
 	return strings.Join(parts, " ")
 }
 
+// verb matches a fmt verb, to print a violation's format as its kind.
+var verb = regexp.MustCompile(`%[-+# 0-9.]*[a-zA-Z]`)
+
 // report prints the figures and the violations; a violation fails the
 // campaign with the command that replays its seed.
 func (c *campaign) report() {
@@ -656,8 +664,24 @@ func (c *campaign) report() {
 		fmt.Fprintf(&b, "  note: %s\n", n)
 	}
 	fmt.Fprintf(&b, "  violations: %d\n", len(c.violations))
+	var groups []string
+	byGroup := map[string][]string{}
 	for _, v := range c.violations {
-		fmt.Fprintf(&b, "    - %s\n", v)
+		if byGroup[v.group] == nil {
+			groups = append(groups, v.group)
+		}
+		byGroup[v.group] = append(byGroup[v.group], v.msg)
+	}
+	for _, g := range groups {
+		vs := byGroup[g]
+		fmt.Fprintf(&b, "    %d × %s\n", len(vs), verb.ReplaceAllString(g, "…"))
+		for i, m := range vs {
+			if i == 5 {
+				fmt.Fprintf(&b, "      … and %d more\n", len(vs)-5)
+				break
+			}
+			fmt.Fprintf(&b, "      - %s\n", m)
+		}
 	}
 	c.t.Log(b.String())
 	if len(c.violations) > 0 {

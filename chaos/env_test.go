@@ -559,6 +559,32 @@ func (e *env) readLogs() {
 	}
 }
 
+// closers reads which process logged "order closed" for each order.
+func (e *env) closers() map[string]string {
+	out := map[string]string{}
+	for _, p := range e.procs {
+		f, err := os.Open(filepath.Join(e.dir, p.name()+".log"))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if !bytes.Contains(sc.Bytes(), []byte(`"msg":"order closed"`)) {
+				continue
+			}
+			var line struct {
+				Order string `json:"order"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Order != "" {
+				out[line.Order] = p.name()
+			}
+		}
+		f.Close()
+	}
+	return out
+}
+
 // quick is the client for health checks; client is the campaign's client
 // for everything else (a fault may hold a request for seconds).
 var (
