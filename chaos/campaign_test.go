@@ -238,13 +238,14 @@ func (c *campaign) run() {
 
 	c.buyers.Wait()
 	c.notifies.Wait()
-	if dead := c.env.exitedBySelf(); len(dead) > 0 {
-		c.violation("process died by itself: %v", dead)
-		c.heal()
+	for _, d := range c.env.exitedBySelf() {
+		c.violation("a process died: %s", d)
 	}
+	c.heal() // start again any process that died since
 
 	// One sweep after the last order fell due (and after the heal), plus
-	// a lease and a lease recovery for a claim that a killed process held.
+	// a lease and a lease recovery for a claim that a killed process held,
+	// and 5 s for a busy machine.
 	due := healed
 	c.mu.Lock()
 	for _, o := range c.orders {
@@ -253,7 +254,7 @@ func (c *campaign) run() {
 		}
 	}
 	c.mu.Unlock()
-	grace := sweepEvery + queueLease + 5*time.Second + 2*time.Second
+	grace := sweepEvery + queueLease + 5*time.Second + 5*time.Second
 	time.Sleep(time.Until(due.Add(grace)))
 	c.checkNothingPending(grace)
 	c.checkCounters(context.Background(), "after one sweep")

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -71,6 +72,9 @@ type env struct {
 	alipayK map[string]string // the KAMI_ALIPAY_* settings
 	alerts  *alertBook
 	procs   []*proc
+
+	deathsMu sync.Mutex
+	deaths   []string // processes that exited by themselves
 }
 
 // newEnv starts the services of one campaign; everything stops when the
@@ -273,6 +277,10 @@ type proc struct {
 	pg, redis *toxiproxy.Proxy
 	skew      time.Duration
 
+	// expectExit is set before the campaign kills or stops the process:
+	// any other exit is a death of its own (a panic), which is recorded.
+	expectExit atomic.Bool
+
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	log     *os.File
@@ -356,8 +364,12 @@ func (p *proc) start() error {
 		return fmt.Errorf("start %s: %w", p.name(), err)
 	}
 	exited := make(chan struct{})
+	p.expectExit.Store(false)
 	go func() {
-		cmd.Wait()
+		err := cmd.Wait()
+		if !p.expectExit.Load() {
+			p.env.died(fmt.Sprintf("%s (start %d) exited by itself: %v; see %s", p.name(), p.starts, err, log.Name()))
+		}
 		close(exited)
 	}()
 	p.cmd, p.log, p.exited = cmd, log, exited
@@ -390,6 +402,7 @@ func (p *proc) kill() bool {
 	if p.cmd == nil {
 		return false
 	}
+	p.expectExit.Store(true)
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.exited
 	p.log.Close()
@@ -420,6 +433,7 @@ func (p *proc) stop() {
 	if p.cmd == nil {
 		return
 	}
+	p.expectExit.Store(true)
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:
@@ -451,21 +465,19 @@ func (e *env) live() []*proc {
 	return out
 }
 
-// exitedBySelf lists processes that died without the campaign killing them.
+// died records a process that exited without the campaign asking.
+func (e *env) died(what string) {
+	e.deathsMu.Lock()
+	e.deaths = append(e.deaths, what)
+	e.deathsMu.Unlock()
+}
+
+// exitedBySelf lists the processes that died without the campaign killing
+// them.
 func (e *env) exitedBySelf() []string {
-	var out []string
-	for _, p := range e.procs {
-		p.mu.Lock()
-		if p.cmd != nil {
-			select {
-			case <-p.exited:
-				out = append(out, fmt.Sprintf("%s (exit %v)", p.name(), p.cmd.ProcessState))
-			default:
-			}
-		}
-		p.mu.Unlock()
-	}
-	return out
+	e.deathsMu.Lock()
+	defer e.deathsMu.Unlock()
+	return append([]string(nil), e.deaths...)
 }
 
 // alertBook receives the processes' alerts (KAMI_ALERT_WEBHOOK, the generic
