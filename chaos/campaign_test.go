@@ -238,7 +238,8 @@ func (c *campaign) run() {
 
 	c.buyers.Wait()
 	c.notifies.Wait()
-	for _, d := range c.env.exitedBySelf() {
+	deaths := c.env.exitedBySelf()
+	for _, d := range deaths {
 		c.violation("a process died: %s", d)
 	}
 	c.heal() // start again any process that died since
@@ -266,6 +267,9 @@ func (c *campaign) run() {
 	c.env.readLogs()
 	c.checkEarly()
 	c.check()
+	for _, d := range c.env.exitedBySelf()[len(deaths):] {
+		c.violation("a process died: %s", d)
+	}
 	c.figures.alerts = c.env.alerts.kinds()
 	c.report()
 }
