@@ -30,6 +30,8 @@ var (
 	buyersFlag   = flag.Int("chaos.buyers", 3, "buyers placing orders at once")
 	procsFlag    = flag.Int("chaos.procs", 3, "kami processes (2 or 3)")
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the processes' logs also when the campaign passes")
+	skewFlag     = flag.String("chaos.skew", "", "the last process's clock offset, like 3s or 0s (default: drawn from the seed)")
+	raceFlag     = flag.Bool("chaos.race", false, "build kami with -race; a data race a process reports is a violation")
 )
 
 // fixedSeed is the seed every default run includes.
@@ -64,7 +66,11 @@ func TestMain(m *testing.M) {
 			os.Exit(2)
 		}
 		kamiBin = filepath.Join(dir, "kami")
-		build := exec.Command("go", "build", "-o", kamiBin, ".")
+		args := []string{"build", "-o", kamiBin}
+		if *raceFlag {
+			args = append(args, "-race")
+		}
+		build := exec.Command("go", append(args, ".")...)
 		build.Dir = ".." // the repository root: package main
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
@@ -186,6 +192,13 @@ func newCampaign(t *testing.T, seed int64, dur time.Duration) *campaign {
 	if r.IntN(10) < 2 {
 		c.skew = -c.skew
 	}
+	if *skewFlag != "" {
+		d, err := time.ParseDuration(*skewFlag)
+		if err != nil {
+			t.Fatalf("-chaos.skew: %v", err)
+		}
+		c.skew = d
+	}
 	c.sched = schedule(seed, dur, *procsFlag)
 	c.figures.faults = map[string]int{}
 	c.figures.createErrors = map[string]int{}
@@ -269,6 +282,9 @@ func (c *campaign) run() {
 	c.check()
 	for _, d := range c.env.exitedBySelf()[len(deaths):] {
 		c.violation("a process died: %s", d)
+	}
+	for _, r := range c.env.races() {
+		c.violation("a data race: %s", r)
 	}
 	c.figures.alerts = c.env.alerts.kinds()
 	c.report()

@@ -597,6 +597,23 @@ func (e *env) closers() map[string]string {
 	return out
 }
 
+// races lists the processes whose log has a data race report (kami built
+// with -chaos.race), with the report's first lines.
+func (e *env) races() []string {
+	var out []string
+	for _, p := range e.procs {
+		b, err := os.ReadFile(filepath.Join(e.dir, p.name()+".log"))
+		if err != nil {
+			continue
+		}
+		if i := bytes.Index(b, []byte("WARNING: DATA RACE")); i >= 0 {
+			end := min(len(b), i+1500)
+			out = append(out, fmt.Sprintf("%s (%d reports):\n%s", p.name(), bytes.Count(b, []byte("WARNING: DATA RACE")), b[i:end]))
+		}
+	}
+	return out
+}
+
 // quick is the client for health checks; client is the campaign's client
 // for everything else (a fault may hold a request for seconds).
 var (
