@@ -112,10 +112,23 @@ func TestCampaign(t *testing.T) {
 			summary = append(summary, c.figures.line(seed))
 		})
 		if !ok {
-			summary = append(summary, fmt.Sprintf("seed=%d FAILED: go test ./chaos/ -run Campaign -chaos.seed=%d -chaos.duration=%s -v", seed, seed, *durationFlag))
+			summary = append(summary, fmt.Sprintf("seed=%d FAILED: %s", seed, replay(seed)))
 		}
 	}
 	t.Logf("campaigns:\n  %s", strings.Join(summary, "\n  "))
+}
+
+// replay is the command that runs seed's campaign again, with the flags
+// that shape it.
+func replay(seed int64) string {
+	cmd := fmt.Sprintf("go test ./chaos/ -run Campaign -v -chaos.seed=%d -chaos.duration=%s", seed, *durationFlag)
+	flag.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "chaos.skew", "chaos.procs", "chaos.buyers", "chaos.race":
+			cmd += fmt.Sprintf(" -%s=%s", f.Name, f.Value)
+		}
+	})
+	return cmd
 }
 
 // campaign is one run of one seed.
@@ -706,6 +719,6 @@ func (c *campaign) report() {
 	}
 	c.t.Log(b.String())
 	if len(c.violations) > 0 {
-		c.t.Errorf("%d violations; replay with: go test ./chaos/ -run Campaign -chaos.seed=%d -chaos.duration=%s -v", len(c.violations), c.seed, c.dur)
+		c.t.Errorf("%d violations; replay with: %s", len(c.violations), replay(c.seed))
 	}
 }
