@@ -42,15 +42,8 @@ import (
 // statements. Paid trades kami was never told of (dropped notifications)
 // may be left to the reconciliation; they are counted.
 func (c *campaign) checkAcknowledged() {
-	ctx := context.Background()
-	orders, err := c.readOrders(ctx)
-	if err != nil {
-		c.violation("read the ledger: %v", err)
-		return
-	}
-	refunds, err := c.readRefunds(ctx)
-	if err != nil {
-		c.violation("read the refunds: %v", err)
+	orders, refunds, ok := c.readLedger(context.Background())
+	if !ok {
 		return
 	}
 	has := map[string]bool{} // provider/trade with a refund row
@@ -123,14 +116,8 @@ type dbRefund struct {
 
 func (c *campaign) check() {
 	ctx := context.Background()
-	orders, err := c.readOrders(ctx)
-	if err != nil {
-		c.violation("read the ledger: %v", err)
-		return
-	}
-	refunds, err := c.readRefunds(ctx)
-	if err != nil {
-		c.violation("read the refunds: %v", err)
+	orders, refunds, ok := c.readLedger(ctx)
+	if !ok {
 		return
 	}
 	refundByNo := map[string]*dbRefund{}
@@ -435,6 +422,22 @@ func (c *campaign) checkCounters(ctx context.Context, stage string) {
 			c.figures.counters++
 		}
 	}
+}
+
+// readLedger reads the orders and the refunds; a failure is a violation
+// (the database answers once everything healed).
+func (c *campaign) readLedger(ctx context.Context) (map[string]*dbOrder, []*dbRefund, bool) {
+	orders, err := c.readOrders(ctx)
+	if err != nil {
+		c.violation("read the orders: %v", err)
+		return nil, nil, false
+	}
+	refunds, err := c.readRefunds(ctx)
+	if err != nil {
+		c.violation("read the refunds: %v", err)
+		return nil, nil, false
+	}
+	return orders, refunds, true
 }
 
 func (c *campaign) readOrders(ctx context.Context) (map[string]*dbOrder, error) {

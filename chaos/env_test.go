@@ -535,10 +535,9 @@ func (a *alertBook) kinds() map[string]int {
 	return out
 }
 
-// readLogs adds the alerts the processes logged ("alert: …" lines with the
-// alert and subject fields), for those whose post was lost.
-func (e *env) readLogs() {
-	logged := &alertBook{got: map[string][]string{}}
+// eachLogLine calls fn with every line of the processes' logs that
+// contains marker.
+func (e *env) eachLogLine(marker string, fn func(p *proc, line []byte)) {
 	for _, p := range e.procs {
 		f, err := os.Open(filepath.Join(e.dir, p.name()+".log"))
 		if err != nil {
@@ -547,20 +546,28 @@ func (e *env) readLogs() {
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
-			if !bytes.Contains(sc.Bytes(), []byte(`"alert"`)) {
-				continue
-			}
-			var line struct {
-				Msg     string `json:"msg"`
-				Alert   string `json:"alert"`
-				Subject string `json:"subject"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Alert != "" && strings.HasPrefix(line.Msg, "alert: ") {
-				logged.add(line.Alert, line.Subject)
+			if bytes.Contains(sc.Bytes(), []byte(marker)) {
+				fn(p, sc.Bytes())
 			}
 		}
 		f.Close()
 	}
+}
+
+// readLogs adds the alerts the processes logged ("alert: …" lines with the
+// alert and subject fields), for those whose post was lost.
+func (e *env) readLogs() {
+	logged := &alertBook{got: map[string][]string{}}
+	e.eachLogLine(`"alert"`, func(_ *proc, b []byte) {
+		var line struct {
+			Msg     string `json:"msg"`
+			Alert   string `json:"alert"`
+			Subject string `json:"subject"`
+		}
+		if json.Unmarshal(b, &line) == nil && line.Alert != "" && strings.HasPrefix(line.Msg, "alert: ") {
+			logged.add(line.Alert, line.Subject)
+		}
+	})
 	// An alert logged but not posted counts once.
 	for subject, kinds := range logged.got {
 		for _, k := range kinds {
@@ -574,26 +581,14 @@ func (e *env) readLogs() {
 // closers reads which process logged "order closed" for each order.
 func (e *env) closers() map[string]string {
 	out := map[string]string{}
-	for _, p := range e.procs {
-		f, err := os.Open(filepath.Join(e.dir, p.name()+".log"))
-		if err != nil {
-			continue
+	e.eachLogLine(`"msg":"order closed"`, func(p *proc, b []byte) {
+		var line struct {
+			Order string `json:"order"`
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			if !bytes.Contains(sc.Bytes(), []byte(`"msg":"order closed"`)) {
-				continue
-			}
-			var line struct {
-				Order string `json:"order"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Order != "" {
-				out[line.Order] = p.name()
-			}
+		if json.Unmarshal(b, &line) == nil && line.Order != "" {
+			out[line.Order] = p.name()
 		}
-		f.Close()
-	}
+	})
 	return out
 }
 
