@@ -164,37 +164,59 @@ func (c *campaign) check() {
 	}
 }
 
+// bookTrade and bookRefund are a gateway's records, the same for both
+// gateways.
+type bookTrade struct {
+	provider, orderNo, tradeNo string
+	fen                        int64
+	paid                       bool
+}
+
+type bookRefund struct {
+	provider, refundNo, orderNo string
+	fen                         int64
+	held                        bool // the money left (WeChat: SUCCESS or PROCESSING)
+}
+
+// books reads the Alipay and WeChat emulators' books.
+func (c *campaign) books() ([]bookTrade, []bookRefund) {
+	var trades []bookTrade
+	var refunds []bookRefund
+	ab := c.env.alipay.Book()
+	for _, t := range ab.Trades {
+		trades = append(trades, bookTrade{"alipay", t.OutTradeNo, t.TradeNo, t.TotalFen, t.Paid()})
+	}
+	for _, r := range ab.Refunds {
+		refunds = append(refunds, bookRefund{"alipay", r.OutRequestNo, r.OutTradeNo, r.Fen, true})
+	}
+	wb := c.env.wechat.Book()
+	for _, t := range wb.Trades {
+		trades = append(trades, bookTrade{"wechat", t.OutTradeNo, t.TransactionID, t.TotalFen, t.Paid()})
+	}
+	for _, r := range wb.Refunds {
+		refunds = append(refunds, bookRefund{"wechat", r.OutRefundNo, r.OutTradeNo, r.Fen, r.Status == "SUCCESS" || r.Status == "PROCESSING"})
+	}
+	return trades, refunds
+}
+
 // paidTrades collects the paid trades of the Alipay and WeChat books and
 // the campaign's sandbox book. The sandbox's refunds are kami's SUCCEEDED
 // refunds of its trades: the sandbox refunds on trust, in the process that
 // asked, and forgets on restart.
 func (c *campaign) paidTrades(refunds []*dbRefund) []*paidTrade {
 	var out []*paidTrade
-	ab := c.env.alipay.Book()
 	byOrder := map[string]*paidTrade{}
-	for _, t := range ab.Trades {
-		if t.Paid() {
-			tr := &paidTrade{provider: "alipay", orderNo: t.OutTradeNo, tradeNo: t.TradeNo, fen: t.TotalFen}
-			byOrder["alipay/"+t.OutTradeNo] = tr
+	trades, gwRefunds := c.books()
+	for _, t := range trades {
+		if t.paid {
+			tr := &paidTrade{provider: t.provider, orderNo: t.orderNo, tradeNo: t.tradeNo, fen: t.fen}
+			byOrder[t.provider+"/"+t.orderNo] = tr
 			out = append(out, tr)
 		}
 	}
-	for _, r := range ab.Refunds {
-		if tr := byOrder["alipay/"+r.OutTradeNo]; tr != nil {
-			tr.refunds = append(tr.refunds, gwRefund{r.OutRequestNo, r.Fen})
-		}
-	}
-	wb := c.env.wechat.Book()
-	for _, t := range wb.Trades {
-		if t.Paid() {
-			tr := &paidTrade{provider: "wechat", orderNo: t.OutTradeNo, tradeNo: t.TransactionID, fen: t.TotalFen}
-			byOrder["wechat/"+t.OutTradeNo] = tr
-			out = append(out, tr)
-		}
-	}
-	for _, r := range wb.Refunds {
-		if tr := byOrder["wechat/"+r.OutTradeNo]; tr != nil && (r.Status == "SUCCESS" || r.Status == "PROCESSING") {
-			tr.refunds = append(tr.refunds, gwRefund{r.OutRefundNo, r.Fen})
+	for _, r := range gwRefunds {
+		if tr := byOrder[r.provider+"/"+r.orderNo]; tr != nil && r.held {
+			tr.refunds = append(tr.refunds, gwRefund{r.refundNo, r.fen})
 		}
 	}
 	c.mu.Lock()
@@ -278,34 +300,19 @@ func (c *campaign) checkTrade(tr *paidTrade, o *dbOrder, refunds []*dbRefund) {
 // checkGatewayRefunds: every refund at a gateway is of a paid trade, and
 // kami knows it (kami made it).
 func (c *campaign) checkGatewayRefunds(refundByNo map[string]*dbRefund) {
-	ab := c.env.alipay.Book()
+	trades, refunds := c.books()
 	paid := map[string]bool{}
-	for _, t := range ab.Trades {
-		paid[t.OutTradeNo] = t.Paid()
+	for _, t := range trades {
+		paid[t.provider+"/"+t.orderNo] = t.paid
 	}
-	for _, r := range ab.Refunds {
+	for _, r := range refunds {
 		c.figures.gwRefunds++
-		c.figures.gwRefundsFen += r.Fen
-		if !paid[r.OutTradeNo] {
-			c.violation("alipay refund %s of order %s, whose trade was never paid", r.OutRequestNo, r.OutTradeNo)
+		c.figures.gwRefundsFen += r.fen
+		if !paid[r.provider+"/"+r.orderNo] {
+			c.violation("%s refund %s of order %s, whose trade was never paid", r.provider, r.refundNo, r.orderNo)
 		}
-		if refundByNo[r.OutRequestNo] == nil {
-			c.violation("alipay refund %s of order %s (%d fen), which kami never made", r.OutRequestNo, r.OutTradeNo, r.Fen)
-		}
-	}
-	wb := c.env.wechat.Book()
-	paid = map[string]bool{}
-	for _, t := range wb.Trades {
-		paid[t.OutTradeNo] = t.Paid()
-	}
-	for _, r := range wb.Refunds {
-		c.figures.gwRefunds++
-		c.figures.gwRefundsFen += r.Fen
-		if !paid[r.OutTradeNo] {
-			c.violation("wechat refund %s of order %s, whose trade was never paid", r.OutRefundNo, r.OutTradeNo)
-		}
-		if refundByNo[r.OutRefundNo] == nil {
-			c.violation("wechat refund %s of order %s (%d fen), which kami never made", r.OutRefundNo, r.OutTradeNo, r.Fen)
+		if refundByNo[r.refundNo] == nil {
+			c.violation("%s refund %s of order %s (%d fen), which kami never made", r.provider, r.refundNo, r.orderNo, r.fen)
 		}
 	}
 }
