@@ -520,7 +520,7 @@ func (c *campaign) heal() {
 		c.env.wechat.InjectFault(op, "", 0)
 	}
 	for _, p := range c.env.procs {
-		if err := p.start(); err != nil {
+		if err := p.startRetrying(60 * time.Second); err != nil {
 			c.violation("%s does not start again after the heal: %v", p.name(), err)
 		}
 	}
@@ -681,6 +681,7 @@ func (c *campaign) report() {
 	fmt.Fprintf(&b, "seed %d, %s of faults, p%d's clock %+v\n", c.seed, c.dur, *procsFlag-1, c.skew)
 	fmt.Fprintf(&b, "  faults injected: %d (%s)\n", sum(f.faults), sorted(f.faults))
 	fmt.Fprintf(&b, "  orders: %d placed of %d tries; fates %s; createOrder errors %s\n", f.orders.Load(), f.createTries.Load(), sorted(f.fates), sorted(f.createErrors))
+	fmt.Fprintf(&b, "  process starts that failed (database or Redis unreachable) and were tried again: %d\n", c.env.startFailures.Load())
 	fmt.Fprintf(&b, "  notifications: %d acknowledged, %d refused or lost and sent again\n", f.notifications.Load(), f.notifyRetries.Load())
 	fmt.Fprintf(&b, "  paid trades: %d, %d fen checked; delivered %d, refunded in full %d, refund FAILED and alerted %d\n", f.trades, f.tradesFen, f.delivered, f.refunded, f.failedAlerted)
 	fmt.Fprintf(&b, "  paid trades left to the reconciliation (notification never delivered, not found by the close): %d\n", f.leftToStatements)

@@ -73,8 +73,9 @@ type env struct {
 	alerts  *alertBook
 	procs   []*proc
 
-	deathsMu sync.Mutex
-	deaths   []string // processes that exited by themselves
+	deathsMu      sync.Mutex
+	deaths        []string     // processes that exited by themselves
+	startFailures atomic.Int64 // starts that failed (and were tried again)
 }
 
 // newEnv starts the services of one campaign; everything stops when the
@@ -280,6 +281,10 @@ type proc struct {
 	// expectExit is set before the campaign kills or stops the process:
 	// any other exit is a death of its own (a panic), which is recorded.
 	expectExit atomic.Bool
+	// starting: the process has not served yet. kami exits when it cannot
+	// reach its database or Redis at start; a supervisor starts it again,
+	// and so does startRetrying.
+	starting atomic.Bool
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -365,9 +370,10 @@ func (p *proc) start() error {
 	}
 	exited := make(chan struct{})
 	p.expectExit.Store(false)
+	p.starting.Store(true)
 	go func() {
 		err := cmd.Wait()
-		if !p.expectExit.Load() {
+		if !p.expectExit.Load() && !p.starting.Load() {
 			p.env.died(fmt.Sprintf("%s (start %d) exited by itself: %v; see %s", p.name(), p.starts, err, log.Name()))
 		}
 		close(exited)
@@ -387,12 +393,28 @@ func (p *proc) start() error {
 		if res, err := quick.Get(p.url() + "/healthz"); err == nil {
 			res.Body.Close()
 			if res.StatusCode == 200 {
+				p.starting.Store(false)
 				return nil
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("%s did not serve within 60s", p.name())
+}
+
+// startRetrying starts the process as a supervisor would: again after a
+// second while it exits at start (its database or Redis unreachable), for
+// up to within.
+func (p *proc) startRetrying(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := p.start()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		p.env.startFailures.Add(1)
+		time.Sleep(time.Second)
+	}
 }
 
 // kill is kill -9.

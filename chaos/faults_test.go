@@ -169,7 +169,7 @@ func (c *campaign) apply(ev event, seq int) bool {
 		}
 		go func() {
 			time.Sleep(ev.For)
-			if err := p.start(); err != nil {
+			if err := p.startRetrying(30 * time.Second); err != nil {
 				c.note("restart of %s after kill -9: %v (started again at the heal)", p.name(), err)
 			}
 		}()
