@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
 
 	"kami/domain/group"
 )
@@ -93,9 +94,18 @@ type Ledger struct {
 	sealer *Sealer
 	cfg    Config
 	alerts Alerter
-	// Now is the clock; tests set it. It must return times the database
-	// keeps exactly (see now()).
+	// Now is this process's clock; tests set it. It must return times the
+	// database keeps exactly (see now()). It stamps what only this process
+	// does; whether an order is due is judged by the database's clock.
 	Now func() time.Time
+	// DBClock stands for the database's clock in tests (a settable clock
+	// shared by every ledger of the test); nil in production: the
+	// database is asked (see DBNow).
+	DBClock func() time.Time
+
+	// clockOffset is the database's clock minus Now, in nanoseconds, as
+	// SyncClock last measured it (see DBTime).
+	clockOffset atomic.Int64
 
 	placer *group.Batcher[PlaceOrderInput, *PlacedOrder] // group commit of PlaceOrder
 	payer  *group.Batcher[Payment, *PaymentResult]       // group commit of RecordPayment
@@ -163,6 +173,57 @@ func (l *Ledger) Sealer() *Sealer { return l.sealer }
 // now is the clock in UTC, to the microsecond: every database kami supports
 // keeps microseconds, so a time written is the time read back.
 func (l *Ledger) now() time.Time { return l.Now().UTC().Truncate(time.Microsecond) }
+
+// DBNow reads the database's clock. Every process shares that one clock,
+// so whether an order is due, and when a new one expires, is judged the
+// same way by all of them, however far a process's own clock is off.
+func (l *Ledger) DBNow(ctx context.Context) (time.Time, error) { return l.dbNow(ctx, l.db) }
+
+// dbNow reads the database's clock on db (a transaction's: PostgreSQL
+// then gives the time the transaction began), in UTC to the microsecond.
+// SQLite runs inside this process on this machine, whose system clock is
+// the database's clock; it is read directly, not through Now.
+func (l *Ledger) dbNow(ctx context.Context, db bun.IDB) (time.Time, error) {
+	if l.DBClock != nil {
+		return l.DBClock().UTC().Truncate(time.Microsecond), nil
+	}
+	var q string
+	switch dialectName(db) {
+	case dialect.PG:
+		q = "SELECT CURRENT_TIMESTAMP"
+	case dialect.MySQL:
+		q = "SELECT UTC_TIMESTAMP(6)"
+	default:
+		return time.Now().UTC().Truncate(time.Microsecond), nil
+	}
+	var t time.Time
+	if err := db.QueryRowContext(ctx, q).Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("read the database's clock: %w", err)
+	}
+	return t.UTC().Truncate(time.Microsecond), nil
+}
+
+// SyncClock measures how far the database's clock is from Now, for
+// DBTime. The close workers call it at start and at every lease recovery.
+func (l *Ledger) SyncClock(ctx context.Context) error {
+	before := l.Now()
+	db, err := l.DBNow(ctx)
+	after := l.Now()
+	if err != nil {
+		return err
+	}
+	l.clockOffset.Store(int64(db.Sub(before.Add(after.Sub(before) / 2))))
+	return nil
+}
+
+// DBTime is the database's clock as this process knows it without asking:
+// Now corrected by the offset SyncClock last measured (off by at most half
+// a round trip and the drift since). The queues judge due times and
+// leases by it, so a process with a fast clock neither claims early nor
+// takes over another's lease.
+func (l *Ledger) DBTime() time.Time {
+	return l.now().Add(time.Duration(l.clockOffset.Load())).Truncate(time.Microsecond)
+}
 
 // newOrderNo returns a 20-digit order number: the UTC time to the second,
 // then 8 random digits. Sortable by time, unguessable within a second, and

@@ -210,7 +210,12 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		return placed, errs, nil
 	}
 
-	now := l.now()
+	// The database's clock: an order expires by the clock every process
+	// judges due times by, not by this process's.
+	now, err := l.dbNow(ctx, tx)
+	if err != nil {
+		return nil, nil, err
+	}
 	var (
 		orders  []Order
 		flows   []StockFlow
@@ -488,6 +493,10 @@ const (
 	CloseSkipped CloseOutcome = "SKIPPED"   // not PENDING any more (paid, closed by someone else)
 	CloseNotDue  CloseOutcome = "NOT_DUE"   // PENDING but expires_at is still ahead
 	CloseMissing CloseOutcome = "NOT_FOUND" // no such order
+	// CloseDeferred: PENDING and due, but its gateway's answer was not a
+	// clear "not paid" (no answer, a payment that could not be recorded):
+	// left open and checked again at RetryAt.
+	CloseDeferred CloseOutcome = "DEFERRED"
 )
 
 // CloseResult reports one order of a CloseOrders call.
@@ -503,6 +512,8 @@ type CloseResult struct {
 	// their batch was recalled.
 	Withdrawn int
 	ExpiresAt time.Time
+	// RetryAt is when a CloseDeferred order is to be tried again.
+	RetryAt time.Time
 	// Inconsistent is set when the order did not hold Quantity locked
 	// cards; it was closed all the same and an alert was raised.
 	Inconsistent bool
@@ -545,7 +556,12 @@ func (l *Ledger) closeDueBy(ctx context.Context, orderNos []string, reason Close
 }
 
 func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy time.Time) ([]CloseResult, []Alert, error) {
-	now := l.now()
+	// Due is judged by the database's clock, read in this transaction:
+	// a process whose own clock runs fast closes nothing early.
+	now, err := l.dbNow(ctx, tx)
+	if err != nil {
+		return nil, nil, err
+	}
 	if dueBy.IsZero() || dueBy.After(now) {
 		dueBy = now
 	}
@@ -579,7 +595,13 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	if len(closing) == 0 {
 		return results, nil, nil
 	}
-	n, err := apply(ctx, tx, OrderClose, now, whereOrderNos(closing), col("closed_at = ?", now))
+	where := whereOrderNos(closing)
+	if reason == CloseTimeout {
+		where = func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			return whereOrderNos(closing)(q).Where("expires_at <= ?", dueBy)
+		}
+	}
+	n, err := apply(ctx, tx, OrderClose, now, where, col("closed_at = ?", now))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -62,7 +62,7 @@ func setup(t testing.TB, db *bun.DB, cfg domain.Config) *bundle {
 	}
 	b := &bundle{ctx: context.Background(), db: db, clock: domaintest.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)), alerts: &alerts{}}
 	b.ledger = domain.NewLedger(db, sealer, cfg, b.alerts)
-	b.ledger.Now = b.clock.Now
+	b.ledger.Now, b.ledger.DBClock = b.clock.Now, b.clock.Now // the database's clock too: tests move time
 	return b
 }
 

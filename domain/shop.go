@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"sync"
 	"time"
 
 	"github.com/uptrace/bun"
 
+	"kami/domain/money"
 	"kami/providers"
 )
 
@@ -54,17 +56,35 @@ type Shop struct {
 	Log       *slog.Logger
 	// PublicBaseURL prefixes pay URLs that kami serves itself (sandbox).
 	PublicBaseURL string
-	// PreCloseCheck asks the provider whether a due order was paid before
-	// closing it (a lost notification then delivers instead of closing),
-	// and closes the trade at the provider. On by default in the server.
+	// PreCloseCheck asks the provider whether an order was paid before
+	// closing it, on its timeout or its buyer's cancel (a lost
+	// notification then delivers instead of closing), and closes the trade
+	// at the provider; an order without a clear "not paid" is not closed.
+	// On in the server.
 	PreCloseCheck bool
 	// ProviderTimeout bounds each call made to a provider on the close path.
 	ProviderTimeout time.Duration
+	// CheckRetry is how long an order waits to be checked again when its
+	// pre-close check had no clear answer; default DefaultCheckRetry.
+	CheckRetry time.Duration
+	// CheckBudget bounds the pre-close check of one batch as a whole: the
+	// orders not checked within it are deferred, not closed. The close
+	// workers keep it well under their lease (a third of it), so that a
+	// batch is closed before lease recovery hands it to another process;
+	// default DefaultCheckBudget.
+	CheckBudget time.Duration
+	// BreakerFailures is how many provider calls of the pre-close check
+	// may fail in a row before that provider is not called for
+	// BreakerCooldown: its orders are deferred meanwhile, the others'
+	// closes go on. Defaults DefaultBreakerFailures, DefaultBreakerCooldown.
+	BreakerFailures int
+	BreakerCooldown time.Duration
 	// Observer hears every placement, close, payment and refund attempt
 	// (metrics); nil for none.
 	Observer Observer
 
 	products sync.Map // product ids known to exist (see productExists)
+	breakers sync.Map // provider name → *breaker (see preClose)
 }
 
 func (s *Shop) log() *slog.Logger {
@@ -187,6 +207,14 @@ func (s *Shop) productExists(ctx context.Context, productID int64) error {
 
 func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *PlacedOrder, method, clientIP string) (*Checkout, error) {
 	o := placed.Order
+	if placed.Replayed && o.Status != OrderPending {
+		// A retry of an order that was paid, closed or refunded: there is
+		// nothing left to pay, and a new payment for it would take money
+		// for an order that can no longer deliver. The contract's payment
+		// is never null, so the answer is an error naming the order.
+		return nil, Errorf(ECONFLICT, "the order placed with this idempotencyKey (%s) is %s and can no longer be paid; see it with order(orderNo, accessToken), or place a new order with a new key",
+			o.OrderNo, o.Status)
+	}
 	subject := fmt.Sprintf("Order %s", o.OrderNo)
 	if placed.Product != nil {
 		subject = placed.Product.Name
@@ -197,7 +225,11 @@ func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *Place
 		Subject: subject, ExpiresAt: o.ExpiresAt, ClientIP: clientIP, Method: method})
 	if err != nil {
 		if providers.KindOf(err) == providers.Unsupported {
-			s.cancelUnpayable(ctx, o)
+			if !placed.Replayed {
+				// Only the order this request made is cancelled: a retry
+				// with a bad method leaves the buyer's live order alone.
+				s.cancelUnpayable(ctx, o)
+			}
 			return nil, Errorf(EBADINPUT, "payment method %q is not offered by %s", method, p.Name())
 		}
 		s.log().ErrorContext(ctx, "create payment failed", "order", o.OrderNo, "provider", p.Name(), "err", err)
@@ -209,10 +241,17 @@ func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *Place
 	return &Checkout{PlacedOrder: placed, Payment: action}, nil
 }
 
-// cancelUnpayable gives back the cards of an order the buyer cannot pay.
+// cancelUnpayable gives back the cards of a new order the buyer cannot
+// pay, through the one close path (which also closes its trade, should
+// the gateway have made one). An order it cannot close now keeps its
+// scheduled close.
 func (s *Shop) cancelUnpayable(ctx context.Context, o *Order) {
-	if _, err := s.CloseOrders(context.WithoutCancel(ctx), []string{o.OrderNo}, CloseCancel); err != nil {
+	rs, err := s.CloseOrders(context.WithoutCancel(ctx), []string{o.OrderNo}, CloseCancel)
+	switch {
+	case err != nil:
 		s.log().ErrorContext(ctx, "cancel of an unpayable order failed; its close is scheduled", "order", o.OrderNo, "err", err)
+	case len(rs) == 1 && rs[0].Outcome != Closed:
+		s.log().WarnContext(ctx, "unpayable order not cancelled; its close is scheduled", "order", o.OrderNo, "outcome", rs[0].Outcome)
 	}
 }
 
@@ -254,6 +293,9 @@ func (s *Shop) CancelOrder(ctx context.Context, orderNo, token string) (*Order, 
 	if err != nil {
 		return nil, err
 	}
+	if rs[0].Outcome == CloseDeferred {
+		return nil, Errorf(EUNAVAILABLE, "the payment provider did not confirm that order %s is unpaid; try again in a moment", orderNo)
+	}
 	if rs[0].Outcome != Closed {
 		return nil, Errorf(ECONFLICT, "order %s is %s and can no longer be cancelled", orderNo, rs[0].Status)
 	}
@@ -262,19 +304,37 @@ func (s *Shop) CancelOrder(ctx context.Context, orderNo, token string) (*Order, 
 
 // CloseOrders closes a batch through the ledger's one close path, then
 // gives the released cards back to the stock gate and tells subscribers.
-// With PreCloseCheck, due orders are first checked at their provider.
+// With PreCloseCheck, due orders are first checked at their provider (see
+// preClose): an order whose check gave no clear "not paid" is not closed
+// but answered CloseDeferred, with the time to try it again.
 func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseReason) ([]CloseResult, error) {
 	var dueBy time.Time
-	if s.PreCloseCheck && reason == CloseTimeout {
-		dueBy = s.Ledger.now()
-		orderNos = s.preClose(ctx, orderNos, dueBy)
+	var decided []CloseResult
+	if s.PreCloseCheck {
+		var err error
+		if reason == CloseTimeout {
+			// The database's clock, as the close transaction will judge.
+			if dueBy, err = s.Ledger.DBNow(ctx); err != nil {
+				s.observer().CloseFailed(len(orderNos))
+				return nil, err
+			}
+		}
+		if orderNos, decided, err = s.preClose(ctx, orderNos, dueBy); err != nil {
+			// Nothing could be checked: nothing is closed.
+			s.observer().CloseFailed(len(orderNos))
+			return nil, err
+		}
 	}
 	rs, err := s.Ledger.closeDueBy(ctx, orderNos, reason, dueBy)
 	if err != nil {
 		s.observer().CloseFailed(len(orderNos))
 		return nil, err
 	}
-	now := s.Ledger.now()
+	if len(decided) > 0 {
+		rs = append(rs, decided...)
+		sort.Slice(rs, func(i, j int) bool { return rs[i].OrderNo < rs[j].OrderNo })
+	}
+	now := s.Ledger.DBTime() // expires_at is the database's time
 	released := map[int64]int{}
 	for _, r := range rs {
 		var lateBy time.Duration
@@ -317,70 +377,273 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 	return rs, nil
 }
 
-// preClose asks each due order's provider whether it was paid: a paid
-// one is recorded as paid (it drops out of the batch), an unpaid one is
-// closed at the provider so it can no longer be paid. A provider that fails
-// to answer never holds up the close: a payment after the close is refunded.
-func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time) []string {
+// DefaultCheckRetry is how long an order whose pre-close check was not a
+// clear "not paid" waits before it is checked again.
+const DefaultCheckRetry = time.Minute
+
+// Defaults of the pre-close check's bounds.
+const (
+	DefaultCheckBudget     = 10 * time.Second
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = 30 * time.Second
+)
+
+func (s *Shop) checkBudget() time.Duration {
+	if s.CheckBudget > 0 {
+		return s.CheckBudget
+	}
+	return DefaultCheckBudget
+}
+
+// breaker is the circuit breaker of one provider on the pre-close check.
+type breaker struct {
+	mu        sync.Mutex
+	fails     int       // calls failed in a row
+	openUntil time.Time // no calls before this
+}
+
+// allow reports whether the provider may be called at now.
+func (b *breaker) allow(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !now.Before(b.openUntil)
+}
+
+// record notes a call's outcome, and reports whether this failure opened
+// the breaker. Once open and cooled down, one call goes through: a
+// success closes it, a failure opens it again at once.
+func (b *breaker) record(failed bool, now time.Time, failures int, cooldown time.Duration) (opened bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !failed {
+		b.fails = 0
+		return false
+	}
+	b.fails++
+	if b.fails >= failures && !now.Before(b.openUntil) {
+		b.openUntil = now.Add(cooldown)
+		return true
+	}
+	return false
+}
+
+func (s *Shop) breaker(provider string) *breaker {
+	b, _ := s.breakers.LoadOrStore(provider, &breaker{})
+	return b.(*breaker)
+}
+
+// providerCalled feeds a pre-close call's outcome to the provider's
+// breaker. A call cut short by the check's own budget says nothing of
+// the provider; an answer, even a refusal, says it is up.
+func (s *Shop) providerCalled(ctx context.Context, p providers.Provider, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	failures, cooldown := s.BreakerFailures, s.BreakerCooldown
+	if failures <= 0 {
+		failures = DefaultBreakerFailures
+	}
+	if cooldown <= 0 {
+		cooldown = DefaultBreakerCooldown
+	}
+	failed := err != nil && providers.KindOf(err) == providers.Temporary
+	if s.breaker(p.Name()).record(failed, s.Ledger.now(), failures, cooldown) {
+		msg := fmt.Sprintf("%d calls in a row failed; its orders are not checked, and so not closed, for %s", failures, cooldown)
+		s.log().ErrorContext(ctx, "provider circuit breaker opened", "provider", p.Name(), "failures", failures, "cooldown", cooldown)
+		s.Ledger.alerts.Alert(ctx, Alert{Kind: "provider_unavailable", Subject: p.Name(), Message: msg})
+	}
+}
+
+func (s *Shop) checkRetry() time.Duration {
+	if s.CheckRetry > 0 {
+		return s.CheckRetry
+	}
+	return DefaultCheckRetry
+}
+
+// tradeVerdict is what the pre-close check learnt of one order's trade.
+type tradeVerdict int
+
+const (
+	// tradeUnsure: anything but a clear answer (no answer, a payment that
+	// could not be recorded, a gateway that refuses to close a trade it
+	// does not call paid). The order stays PENDING and is checked again.
+	tradeUnsure tradeVerdict = iota
+	// tradeNotPaid: the gateway says unpaid and closed the trade, so no
+	// payment can arrive any more: the order may close.
+	tradeNotPaid
+	// tradeSettled: the gateway says paid and the payment is recorded:
+	// the order is no longer PENDING.
+	tradeSettled
+)
+
+// preClose asks each due order's provider about its trade before the
+// order closes, and returns the orders that may close: those whose
+// gateway clearly said "not paid" and closed the trade (or whose provider
+// is not enabled in this process, so nobody can be asked). A paid one is
+// recorded as paid instead (a lost notification then delivers rather than
+// closes); anything else keeps the order out of this close, answered
+// CloseDeferred with the time to check it again. A money question that
+// cannot be answered is never settled by closing: the order waits.
+//
+// A buyer's cancel takes the same check (dueBy zero: any PENDING order),
+// so that a cancelled order's trade can no longer be paid, and a payment
+// that crossed the cancel delivers.
+//
+// Orders not PENDING or not due by dueBy pass through: the ledger skips
+// them or finds them not due. An error (the orders could not be read)
+// means nothing was checked, and nothing may close.
+func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time) (closeNow []string, decided []CloseResult, err error) {
 	timeout := s.ProviderTimeout
 	if timeout <= 0 {
 		timeout = 3 * time.Second
 	}
-	keep := make([]bool, len(orderNos))
+	orderNos = uniqueSorted(orderNos) // an order listed twice is checked once
 	var due []Order
-	if err := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "provider", "status", "expires_at").
-		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", OrderPending).
-		Where("expires_at <= ?", dueBy).Scan(ctx); err != nil {
-		s.log().WarnContext(ctx, "trade checks before close skipped", "err", err)
+	q := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "product_id", "provider", "status", "expires_at").
+		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", OrderPending)
+	if !dueBy.IsZero() {
+		q = q.Where("expires_at <= ?", dueBy)
+	}
+	if err := q.Scan(ctx); err != nil {
+		return nil, nil, fmt.Errorf("read orders to check before close: %w", err)
 	}
 	dueByNo := make(map[string]*Order, len(due))
 	for i := range due {
 		dueByNo[due[i].OrderNo] = &due[i]
 	}
+	verdicts := make([]tradeVerdict, len(orderNos))
+	status := make([]OrderStatus, len(orderNos))
+	// The whole check fits in its budget: what is not checked by then is
+	// deferred, so the batch is closed while its lease still holds it.
+	bctx, cancel := context.WithTimeout(ctx, s.checkBudget())
+	defer cancel()
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
+	var skipped, breakerOpen int
 	for i, no := range orderNos {
-		keep[i] = true
+		verdicts[i] = tradeNotPaid
 		o := dueByNo[no]
 		if o == nil {
 			continue
 		}
 		p, ok := s.Providers.Get(o.Provider)
 		if !ok {
+			// No gateway to ask in this process; it cannot notify this
+			// process either. Closing frees the cards; a payment that
+			// arrives later is a late payment.
+			s.log().WarnContext(ctx, "closing without a trade check: provider not enabled", "order", no, "provider", o.Provider)
+			continue
+		}
+		if !s.breaker(p.Name()).allow(s.Ledger.now()) {
+			verdicts[i] = tradeUnsure
+			breakerOpen++
+			continue
+		}
+		if bctx.Err() == nil {
+			select {
+			case sem <- struct{}{}:
+			case <-bctx.Done():
+			}
+		}
+		if bctx.Err() != nil {
+			verdicts[i] = tradeUnsure
+			skipped++
 			continue
 		}
 		wg.Add(1)
-		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			st, err := p.QueryPayment(cctx, o.OrderNo)
-			if err == nil && st.Status == providers.TradePaid {
-				res, err := s.RecordPayment(ctx, Payment{Provider: p.Name(), NotifyID: "query:" + st.TradeNo, OrderNo: o.OrderNo,
-					TradeNo: st.TradeNo, AmountFen: st.AmountFen, PaidAt: st.PaidAt, Raw: "trade query before close"})
-				if err == nil && res.Outcome == PaymentDelivered {
-					keep[i] = false
-				}
-				return
-			}
-			if err != nil {
-				s.log().WarnContext(ctx, "trade query before close failed; closing anyway", "order", o.OrderNo, "err", err)
-			}
-			if err := p.ClosePayment(cctx, o.OrderNo); err != nil {
-				s.log().WarnContext(ctx, "closing the trade at the provider failed", "order", o.OrderNo, "err", err)
-			}
+			verdicts[i], status[i] = s.checkTrade(bctx, p, o, timeout)
 		}()
 	}
 	wg.Wait()
-	out := orderNos[:0:0]
+	if skipped > 0 || breakerOpen > 0 {
+		s.log().WarnContext(ctx, "orders deferred unchecked", "out_of_budget", skipped, "provider_breaker_open", breakerOpen, "budget", s.checkBudget())
+	}
+	retryAt := s.Ledger.DBTime().Add(s.checkRetry()) // a due time, as the queues judge them
 	for i, no := range orderNos {
-		if keep[i] {
-			out = append(out, no)
+		o := dueByNo[no]
+		switch verdicts[i] {
+		case tradeNotPaid:
+			closeNow = append(closeNow, no)
+		case tradeSettled:
+			decided = append(decided, CloseResult{OrderNo: no, Outcome: CloseSkipped, Status: status[i], ProductID: o.ProductID, ExpiresAt: o.ExpiresAt})
+		default:
+			decided = append(decided, CloseResult{OrderNo: no, Outcome: CloseDeferred, Status: OrderPending, ProductID: o.ProductID,
+				ExpiresAt: o.ExpiresAt, RetryAt: retryAt})
 		}
 	}
-	return out
+	return closeNow, decided, nil
+}
+
+// checkTrade asks o's gateway about its trade: unpaid, it is closed at the
+// gateway so that it can no longer be paid; paid, the payment is recorded.
+// It returns the verdict and, when settled, the order's status now.
+func (s *Shop) checkTrade(ctx context.Context, p providers.Provider, o *Order, timeout time.Duration) (tradeVerdict, OrderStatus) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	st, err := p.QueryPayment(cctx, o.OrderNo)
+	s.providerCalled(ctx, p, err)
+	if err != nil {
+		s.log().WarnContext(ctx, "trade query before close failed; the order stays open and is checked again", "order", o.OrderNo, "provider", p.Name(), "err", err)
+		return tradeUnsure, ""
+	}
+	if st.Status != providers.TradePaid {
+		err := p.ClosePayment(cctx, o.OrderNo)
+		s.providerCalled(ctx, p, err)
+		if err == nil {
+			return tradeNotPaid, ""
+		}
+		if providers.KindOf(err) != providers.Rejected {
+			s.log().WarnContext(ctx, "closing the trade at the provider failed; the order stays open and is checked again", "order", o.OrderNo, "provider", p.Name(), "err", err)
+			return tradeUnsure, ""
+		}
+		// The gateway refuses to close the trade: it was paid since the
+		// query (Alipay's ACQ.TRADE_STATUS_ERROR, WeChat's ORDERPAID).
+		// Never close it: ask again and record the payment.
+		if st, err = p.QueryPayment(cctx, o.OrderNo); err != nil || st.Status != providers.TradePaid {
+			msg := fmt.Sprintf("%s refused to close the trade of a PENDING order and does not report it paid (%s); the order stays open and is checked again",
+				p.Name(), errorDetailOr(err, "trade "+string(st.Status)))
+			s.log().ErrorContext(ctx, "trade close refused before close", "order", o.OrderNo, "provider", p.Name(), "detail", msg)
+			s.Ledger.alerts.Alert(ctx, Alert{Kind: "trade_check_failed", Subject: o.OrderNo, Message: msg})
+			return tradeUnsure, ""
+		}
+	}
+	// Recording a payment the gateway holds is worth finishing even if
+	// the caller gives up: it delivers the buyer's order.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer rcancel()
+	res, err := s.RecordPayment(rctx, Payment{Provider: p.Name(), NotifyID: "query:" + st.TradeNo, OrderNo: o.OrderNo,
+		TradeNo: st.TradeNo, AmountFen: st.AmountFen, PaidAt: st.PaidAt, Raw: "trade query before close"})
+	switch {
+	case err != nil && (ErrorCode(err) == EINTERNAL || ErrorCode(err) == EUNAVAILABLE):
+		// The money has arrived and is not in the ledger: a person must
+		// know until a later check records it.
+		msg := fmt.Sprintf("%s reports trade %s paid (%s); recording it failed, so the order stays open and is checked again",
+			p.Name(), st.TradeNo, money.Format(st.AmountFen))
+		s.log().ErrorContext(ctx, "recording a payment found before close failed", "order", o.OrderNo, "provider", p.Name(), "trade", st.TradeNo, "err", err)
+		s.Ledger.alerts.Alert(ctx, Alert{Kind: "payment_unrecorded", Subject: o.OrderNo, Message: msg})
+		return tradeUnsure, ""
+	case err != nil:
+		// Refused by the ledger (an amount or provider that does not
+		// match), which alerted; the order is not closed over it.
+		s.log().WarnContext(ctx, "payment found before close was refused; the order stays open", "order", o.OrderNo, "err", err)
+		return tradeUnsure, ""
+	case res.Order == nil || res.Order.Status == OrderPending:
+		// Recorded before as refused: still a person's decision.
+		return tradeUnsure, ""
+	}
+	return tradeSettled, res.Order.Status
+}
+
+// errorDetailOr is errorDetail(err), or alt when err is nil.
+func errorDetailOr(err error, alt string) string {
+	if err == nil {
+		return alt
+	}
+	return errorDetail(err)
 }
 
 // RecordPayment applies a payment and sees to what follows: subscribers
@@ -496,7 +759,9 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	}
 	req := providers.RefundRequest{RefundNo: r.RefundNo, OrderNo: r.OrderNo, TradeNo: r.TradeNo,
 		RefundFen: r.AmountFen, TotalFen: r.PaidFen, Reason: r.Reason}
-	if r.RetryCount > 0 {
+	// A refund sent before (an attempt failed, or the provider accepted it
+	// and is still processing it) is asked about first.
+	if r.RetryCount > 0 || r.ProviderRefundID != "" {
 		res, err := p.QueryRefund(ctx, req)
 		switch {
 		case err != nil:
@@ -505,7 +770,7 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 		case res.State == providers.RefundSucceeded:
 			return s.refundSucceeded(ctx, r, res.ProviderRefundID)
 		case res.State == providers.RefundProcessing:
-			return s.refundFailed(ctx, r, "still processing at the provider")
+			return s.refundAwaiting(ctx, r, res, "still processing at the provider")
 		}
 		// NOT_FOUND or FAILED: refunding under the same number is safe.
 	}
@@ -517,7 +782,7 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	case providers.RefundSucceeded:
 		return s.refundSucceeded(ctx, r, res.ProviderRefundID)
 	case providers.RefundProcessing:
-		return s.refundFailed(ctx, r, "accepted, processing at the provider")
+		return s.refundAwaiting(ctx, r, res, "accepted, processing at the provider")
 	default:
 		return s.refundFailed(ctx, r, "provider refused: "+res.Detail)
 	}
@@ -534,6 +799,26 @@ func (s *Shop) refundSucceeded(ctx context.Context, r *Refund, providerRefundID 
 		s.logRefunded(ctx, r, o, "refund call")
 	}
 	return r, err
+}
+
+// refundAwaiting records that the provider accepted the refund and is
+// still processing it: not a failure (a WeChat refund to a bank card takes
+// days). The refund stays PROCESSING and is asked about again on the slow
+// poll; one processing for over a day is the nightly reconciliation's
+// stale-refund alert.
+func (s *Shop) refundAwaiting(ctx context.Context, r *Refund, res providers.RefundResult, detail string) (*Refund, error) {
+	attempt := r.RetryCount + 1
+	if res.Detail != "" {
+		detail += ": " + res.Detail
+	}
+	r, err := s.Ledger.RefundAwaiting(ctx, r.RefundNo, r.RetryCount, res.ProviderRefundID, detail)
+	if err != nil {
+		return nil, err
+	}
+	s.observer().RefundAttempt("processing", attempt)
+	s.logRefundAttempt(ctx, r, attempt, "processing", detail)
+	s.scheduleRefund(ctx, r)
+	return r, nil
 }
 
 func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Refund, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,7 +68,7 @@ func TestCloseAtTheDueBoundary(t *testing.T) {
 		shop := &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(gw), PreCloseCheck: true, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 
 		clock := &tickingClock{t: o.ExpiresAt.Add(-2 * time.Microsecond)} // the first read is one microsecond early
-		b.ledger.Now = clock.Now
+		b.ledger.Now, b.ledger.DBClock = clock.Now, clock.Now
 		rs, err := shop.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseTimeout)
 		if err != nil {
 			t.Fatal(err)
@@ -87,5 +88,252 @@ func TestCloseAtTheDueBoundary(t *testing.T) {
 			t.Fatalf("order %s after the due close, results %+v; want PAID", got.Status, rs)
 		}
 		b.mustAudit(t)
+	})
+}
+
+// failQueries makes the database fail the statements whose text holds a
+// given string while it is armed, as a database that errs or times out in
+// the middle of a flow: the statement runs under a cancelled context.
+type failQueries struct {
+	mu    sync.Mutex
+	match string
+	left  int // statements still to fail; < 0: until disarmed
+	hits  int
+}
+
+func (f *failQueries) arm(match string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.match, f.left = match, n
+}
+
+func (f *failQueries) BeforeQuery(ctx context.Context, ev *bun.QueryEvent) context.Context {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.left == 0 || f.match == "" || !strings.Contains(ev.Query, f.match) {
+		return ctx
+	}
+	f.left--
+	f.hits++
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	return cctx
+}
+
+func (f *failQueries) AfterQuery(context.Context, *bun.QueryEvent) {}
+
+// checkingShop is a Shop over b's ledger that checks every due order at
+// gw before closing it.
+func checkingShop(b *bundle, ps ...providers.Provider) *domain.Shop {
+	return &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(ps...), PreCloseCheck: true,
+		ProviderTimeout: gatewayTimeout, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// paidDueOrder is a due order whose buyer paid at a gateway whose
+// notification was lost, over a database that fail can break, and the
+// checking shop that closes it.
+func paidDueOrder(t *testing.T, db *bun.DB) (*bundle, *failQueries, *paidAtGateway, *domain.Shop, *domain.Order) {
+	t.Helper()
+	fail := &failQueries{}
+	b := setup(t, db.WithQueryHook(fail), domain.Config{OrderTTL: time.Minute})
+	o := b.order(t, b.product(t, 500, 1), 1).Order
+	sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://127.0.0.1/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := &paidAtGateway{Provider: sb, amountFen: o.AmountFen}
+	b.clock.Advance(2 * time.Minute)
+	return b, fail, gw, checkingShop(b, gw), o
+}
+
+func closeOne(t *testing.T, shop *domain.Shop, ctx context.Context, orderNo string) (domain.CloseResult, error) {
+	t.Helper()
+	rs, err := shop.CloseOrders(ctx, []string{orderNo}, domain.CloseTimeout)
+	if err != nil {
+		return domain.CloseResult{}, err
+	}
+	if len(rs) != 1 || rs[0].OrderNo != orderNo {
+		t.Fatalf("close results %+v, want one for %s", rs, orderNo)
+	}
+	return rs[0], nil
+}
+
+// TestPaidButUnrecordedIsNotClosed: the gateway says the due order was
+// paid, and recording that payment fails (the database errs). The order
+// must not close (its money is at the gateway): it stays PENDING, answered
+// DEFERRED with a time to try again, an alert is raised, and the next
+// check records the payment and delivers.
+func TestPaidButUnrecordedIsNotClosed(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, fail, gw, shop, o := paidDueOrder(t, db)
+
+		fail.arm("payment_notification", -1) // every write of the payment fails
+		r, err := closeOne(t, shop, b.ctx, o.OrderNo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderPending {
+			t.Fatalf("order %s after a paid trade could not be recorded (result %+v); want PENDING", got.Status, r)
+		}
+		if r.Outcome != domain.CloseDeferred || !r.RetryAt.After(b.clock.Now()) {
+			t.Fatalf("result %+v, want DEFERRED with a retry time ahead", r)
+		}
+		if b.alerts.count("payment_unrecorded") != 1 {
+			t.Fatalf("alerts %v, want one payment_unrecorded", b.alerts.kinds())
+		}
+		if gw.closed.Load() != 0 {
+			t.Fatal("the trade of a paid order was closed at the gateway")
+		}
+
+		fail.arm("", 0)
+		if r, err = closeOne(t, shop, b.ctx, o.OrderNo); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderPaid || r.Outcome != domain.CloseSkipped {
+			t.Fatalf("order %s, result %+v after the database healed; want PAID and skipped", got.Status, r)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// TestUncheckedOrdersAreNotClosed: the pre-close check cannot even read
+// the orders of the batch (the database errs): nothing of the batch may
+// close unchecked. The call fails, the order stays PENDING, and the next
+// close (the lease brings the batch back) checks and delivers it.
+func TestUncheckedOrdersAreNotClosed(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, fail, _, shop, o := paidDueOrder(t, db)
+
+		fail.arm("orders", 1) // the check's first read
+		if r, err := closeOne(t, shop, b.ctx, o.OrderNo); err == nil && r.Outcome == domain.Closed {
+			t.Fatalf("an order nobody checked was closed: %+v", r)
+		}
+		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderPending {
+			t.Fatalf("order %s after its check could not run; want PENDING", got.Status)
+		}
+		if _, err := closeOne(t, shop, b.ctx, o.OrderNo); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderPaid {
+			t.Fatalf("order %s once the check ran; want PAID", got.Status)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// payDuringQuery is a real gateway client whose first trade query is
+// answered as of just before the buyer paid: the payment lands between
+// the pre-close query and the close of the trade.
+type payDuringQuery struct {
+	providers.Provider
+	once sync.Once
+	pay  func()
+}
+
+func (p *payDuringQuery) QueryPayment(ctx context.Context, orderNo string) (providers.TradeState, error) {
+	st, err := p.Provider.QueryPayment(ctx, orderNo)
+	p.once.Do(p.pay)
+	return st, err
+}
+
+// TestTradeCloseRefusedAsPaid: the gateway refuses to close the trade of
+// a due order because it was paid meanwhile (Alipay ACQ.TRADE_STATUS_ERROR,
+// WeChat ORDERPAID). That answer means "paid": the order is delivered,
+// never closed.
+func TestTradeCloseRefusedAsPaid(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		for _, gw := range gateways(t) {
+			t.Run(gw.name, func(t *testing.T) {
+				sb := newStatementBundle(t, db, gw, domain.Config{OrderTTL: time.Minute})
+				o := sb.place(t)
+				racy := &payDuringQuery{Provider: gw.provider, pay: func() { gw.pay(t, o.OrderNo, o.AmountFen) }}
+				shop := checkingShop(sb.bundle, racy)
+				sb.clock.Advance(2 * time.Minute)
+
+				r, err := closeOne(t, shop, sb.ctx, o.OrderNo)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := sb.order(t, o.OrderNo); got.Status != domain.OrderPaid || r.Outcome == domain.Closed {
+					t.Fatalf("order %s, result %+v: the gateway refused to close a paid trade; want PAID", got.Status, r)
+				}
+				if sb.cardStatuses(t, o.OrderNo)[domain.CardSold] != 1 {
+					t.Fatalf("cards %v, want the order's card SOLD", sb.cardStatuses(t, o.OrderNo))
+				}
+				sb.mustAudit(t)
+			})
+		}
+	})
+}
+
+// TestFastProcessClockClosesNothingEarly: a process whose own clock runs
+// an hour fast neither closes an order before it is due by the database's
+// clock (nor closes its trade at the gateway), nor gives a new order an
+// expiry an hour late: due times are the database's.
+func TestFastProcessClockClosesNothingEarly(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+		p := b.product(t, 500, 2)
+		o := b.order(t, p, 1).Order // placed by a process with a true clock
+		sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://127.0.0.1/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw := &paidAtGateway{Provider: sb, amountFen: o.AmountFen}
+		shop := checkingShop(b, gw)
+
+		b.ledger.Now = func() time.Time { return b.clock.Now().Add(time.Hour) } // this process runs fast
+		r, err := closeOne(t, shop, b.ctx, o.OrderNo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome != domain.CloseNotDue || gw.closed.Load() != 0 {
+			t.Fatalf("a fast process's close: %+v, %d trades closed at the gateway; want NOT_DUE and none", r, gw.closed.Load())
+		}
+		rs, err := b.ledger.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseTimeout)
+		if err != nil || rs[0].Outcome != domain.CloseNotDue {
+			t.Fatalf("the ledger's close in a fast process: %+v, %v; want NOT_DUE", rs, err)
+		}
+
+		placed := b.order(t, p, 1).Order // placed by the fast process
+		if want := b.clock.Now().Add(time.Minute); !placed.ExpiresAt.Equal(want) {
+			t.Fatalf("a fast process's order expires at %s, want %s (the database's now plus the TTL)", placed.ExpiresAt, want)
+		}
+		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderPending {
+			t.Fatalf("order %s, want PENDING until it is due", got.Status)
+		}
+	})
+}
+
+// TestDatabaseClockIsRead: with no stand-in, the ledger reads the
+// database's own clock, on every database kind; a process clock an hour
+// fast changes neither a new order's expiry nor what is due.
+func TestDatabaseClockIsRead(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+		b.ledger.DBClock = nil
+		b.ledger.Now = func() time.Time { return time.Now().Add(time.Hour) }
+		p := b.product(t, 500, 1)
+		before := time.Now().Add(-time.Minute) // generous: the database's clock may lag this one a little
+		o := b.order(t, p, 1).Order
+		after := time.Now().Add(time.Minute)
+		if o.ExpiresAt.Before(before.Add(time.Minute)) || o.ExpiresAt.After(after.Add(time.Minute)) {
+			t.Fatalf("expires at %s, want about the database's now plus a minute (%s .. %s)", o.ExpiresAt, before.Add(time.Minute), after.Add(time.Minute))
+		}
+		rs, err := b.ledger.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseTimeout)
+		if err != nil || rs[0].Outcome != domain.CloseNotDue {
+			t.Fatalf("close by a fast process: %+v, %v; want NOT_DUE", rs, err)
+		}
+		if err := b.ledger.SyncClock(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Until(b.ledger.DBTime()); d > time.Minute || d < -time.Minute {
+			t.Fatalf("DBTime is %s away from the machine's clock, want the database's time despite the fast process clock", d)
+		}
 	})
 }

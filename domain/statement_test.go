@@ -34,7 +34,7 @@ func newStatementBundle(t *testing.T, db *bun.DB, gw *gateway, cfg domain.Config
 	t.Helper()
 	b := setup(t, db, cfg)
 	sb := &statementBundle{bundle: b, gw: gw, clock: domaintest.NewClock(time.Now().UTC().Truncate(time.Microsecond))}
-	b.ledger.Now = sb.clock.Now
+	b.ledger.Now, b.ledger.DBClock = sb.clock.Now, sb.clock.Now
 	sb.shop = b.shopFor(gw)
 	sb.rec = &domain.StatementReconciler{Shop: sb.shop, Alerts: b.alerts}
 	sb.p = b.product(t, 1250, 30)

@@ -67,7 +67,7 @@ func newEnv(t testing.TB, db *bun.DB, rs *redistest.Server, cfg domain.Config) *
 	e := &env{ctx: context.Background(), db: db, redis: rs, keys: queue.NewKeys(rs.Prefix(t)),
 		clock: domaintest.NewClock(time.Now().UTC().Truncate(time.Second))}
 	e.ledger = domain.NewLedger(db, sealer, cfg, domain.LogAlerter{Logger: quietLogger()})
-	e.ledger.Now = e.clock.Now
+	e.ledger.Now, e.ledger.DBClock = e.clock.Now, e.clock.Now // the database's clock too: tests move time
 	e.gate = queue.NewStockGate(rs.Client, e.keys, e.ledger)
 	e.sched = queue.NewScheduler(rs.Client, e.keys)
 	e.events = queue.NewEvents(rs.Client, e.keys, quietLogger())
@@ -94,7 +94,7 @@ func (e *env) workers(t testing.TB, cfg queue.Config) *queue.Workers {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a deadline for a hang, never a speed
 		defer cancel()
 		if err := w.Stop(ctx); err != nil {
 			t.Errorf("stop workers: %v", err)

@@ -35,7 +35,11 @@ type Config struct {
 	// default 50ms.
 	CloseGather time.Duration
 	MaxBackoff  time.Duration // longest pause after Redis or database errors; default 5s
-	// Now is the clock; default the ledger's.
+	// Now is the clock claims, leases and due times are judged by; default
+	// the ledger's DBTime (the database's clock as this process knows it),
+	// kept in step by SyncClock at start and at every lease recovery, so
+	// that a process with a fast clock neither claims orders early nor
+	// takes over another process's leases.
 	Now func() time.Time
 }
 
@@ -63,7 +67,7 @@ func (c Config) withDefaults(l *domain.Ledger) Config {
 	defD(&c.CloseGather, 50*time.Millisecond)
 	defD(&c.MaxBackoff, 5*time.Second)
 	if c.Now == nil {
-		c.Now = func() time.Time { return l.Now() }
+		c.Now = l.DBTime
 	}
 	return c
 }
@@ -73,6 +77,7 @@ type Stats struct {
 	Closed        int64 // orders this process closed (PENDING → CLOSED)
 	Skipped       int64 // claimed orders that had moved on (paid, closed elsewhere)
 	NotDue        int64 // claimed before their expires_at; rescheduled
+	Deferred      int64 // due, but their pre-close check had no clear answer; rescheduled
 	Unknown       int64 // members naming no order or refund: logged and acked
 	CloseErrors   int64 // close batches that failed (their lease brings them back)
 	Refunds       int64 // refund attempts made
@@ -85,12 +90,13 @@ type Stats struct {
 	LatencySumNS  int64 // sum of those latencies
 	LatencyMaxNS  int64 // the largest one
 	LastSweepRows int64 // pending orders the last sweep read
+	StockRepairs  int64 // stock counters the sweeper found wrong and rebuilt
 }
 
 type counters struct {
-	closed, skipped, notDue, unknown, closeErrors, refunds, refundErrors atomic.Int64
-	recovered, swept, sweptClosed, redisErrors                           atomic.Int64
-	latCount, latSum, latMax, lastSweepRows                              atomic.Int64
+	closed, skipped, notDue, deferred, unknown, closeErrors, refunds, refundErrors atomic.Int64
+	recovered, swept, sweptClosed, redisErrors                                     atomic.Int64
+	latCount, latSum, latMax, lastSweepRows, stockRepairs                          atomic.Int64
 }
 
 // Workers drain the close and refund queues into the ledger, bring back
@@ -148,16 +154,23 @@ func NewWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, shop *domain.S
 	if g, ok := shop.Gate.(*StockGate); ok {
 		w.gate = g
 	}
+	// A claimed batch must be closed before its lease ends, or lease
+	// recovery hands it to another process that asks the gateways again:
+	// the pre-close check gets a third of the lease, the close the rest.
+	if budget := cfg.Lease / 3; shop.CheckBudget <= 0 || shop.CheckBudget > budget {
+		shop.CheckBudget = budget
+	}
 	return w
 }
 
 // Stats returns the counters.
 func (w *Workers) Stats() Stats {
 	c := &w.c
-	return Stats{Closed: c.closed.Load(), Skipped: c.skipped.Load(), NotDue: c.notDue.Load(), Unknown: c.unknown.Load(),
+	return Stats{Closed: c.closed.Load(), Skipped: c.skipped.Load(), NotDue: c.notDue.Load(), Deferred: c.deferred.Load(), Unknown: c.unknown.Load(),
 		CloseErrors: c.closeErrors.Load(), Refunds: c.refunds.Load(), RefundErrors: c.refundErrors.Load(),
 		Recovered: c.recovered.Load(), Swept: c.swept.Load(), SweptClosed: c.sweptClosed.Load(), RedisErrors: c.redisErrors.Load(),
-		LatencyCount: c.latCount.Load(), LatencySumNS: c.latSum.Load(), LatencyMaxNS: c.latMax.Load(), LastSweepRows: c.lastSweepRows.Load()}
+		LatencyCount: c.latCount.Load(), LatencySumNS: c.latSum.Load(), LatencyMaxNS: c.latMax.Load(), LastSweepRows: c.lastSweepRows.Load(),
+		StockRepairs: c.stockRepairs.Load()}
 }
 
 // QueueStats reads both queues' backlog and lag.
@@ -179,6 +192,7 @@ func (w *Workers) Start(ctx context.Context) error {
 	}
 	w.started = true
 	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.syncClock()
 	lg := cronLogger{w.log}
 	w.cron = cron.New(cron.WithSeconds(), cron.WithLogger(lg),
 		cron.WithChain(cron.Recover(lg), cron.SkipIfStillRunning(lg)))
@@ -322,6 +336,11 @@ func (w *Workers) closeMembers(ctx context.Context, c Claimed) error {
 		case domain.CloseNotDue:
 			w.c.notDue.Add(1)
 			resched = append(resched, Item{Member: r.OrderNo, Due: r.ExpiresAt})
+		case domain.CloseDeferred:
+			// Its gateway gave no clear "not paid": it stays open and
+			// comes back when it is to be checked again.
+			w.c.deferred.Add(1)
+			resched = append(resched, Item{Member: r.OrderNo, Due: r.RetryAt})
 		case domain.CloseMissing:
 			w.c.unknown.Add(1)
 			w.log.Warn("close queue named an order that does not exist; dropped", "member", r.OrderNo)
@@ -467,7 +486,16 @@ func (w *Workers) refundOne(ctx context.Context, until time.Time, refundNo strin
 
 // --- leases ----------------------------------------------------------------
 
+// syncClock measures the database's clock again (see Ledger.SyncClock);
+// on failure the last measure stands.
+func (w *Workers) syncClock() {
+	if err := w.ledger.SyncClock(w.ctx); err != nil {
+		w.log.Warn("reading the database's clock failed; keeping the last offset", "err", err)
+	}
+}
+
 func (w *Workers) recoverLeases() {
+	w.syncClock() // leases are judged by the database's clock
 	now := w.cfg.Now()
 	for _, q := range []*DelayQueue{w.closeQ, w.refundQ} {
 		n, err := q.Recover(w.ctx, now)
@@ -518,12 +546,14 @@ type SweepResult struct {
 	ClosedDirect  int // overdue orders closed straight from the database (Redis down)
 	Refunds       int // due refunds put back on the refund queue
 	StockRebuilds int // missing stock counters rebuilt
+	StockRepairs  int // stock counters that disagreed with the database, rebuilt
 }
 
 // Sweep rebuilds what Redis lost from the database: every PENDING order
 // missing from the close queue (and not leased) is scheduled at its
 // expires_at, so an overdue one is closed at once by the drain; due
-// PROCESSING refunds are queued; missing stock counters are rebuilt. Orders
+// PROCESSING refunds are queued; stock counters that are missing or
+// disagree with the database are rebuilt (StockGate.Check). Orders
 // are read in pages from the (status, expires_at) index. If Redis cannot be
 // reached, overdue orders are closed straight through the ledger instead.
 func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
@@ -542,9 +572,14 @@ func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 		if _, err := w.gate.ResetDirty(ctx); err != nil {
 			w.c.redisErrors.Add(1)
 		}
-		if res.StockRebuilds, err = w.gate.EnsureMissing(ctx, ids); err != nil {
+		res.StockRebuilds, res.StockRepairs, err = w.gate.Check(ctx, ids)
+		if err != nil {
 			w.c.redisErrors.Add(1)
-			w.log.Warn("stock counters not rebuilt", "err", err)
+			w.log.Warn("stock counters not checked", "err", err)
+		}
+		if res.StockRepairs > 0 {
+			w.c.stockRepairs.Add(int64(res.StockRepairs))
+			w.log.Warn("stock counters disagreed with the database; rebuilt", "counters", res.StockRepairs)
 		}
 	}
 	now := w.cfg.Now()
