@@ -79,7 +79,16 @@ type Config struct {
 	MaxUploadBytes int64
 
 	// Workers tunes the queue workers; tests shorten its intervals.
+	// KAMI_SWEEP_EVERY (default 1m) is how often the sweeper rebuilds what
+	// Redis lost; KAMI_QUEUE_LEASE (default 30s) how long a claimed close
+	// or refund task is held before another process may take it back.
 	Workers queue.Config
+	// ClockSkew (KAMI_FAULT_CLOCK_SKEW, like 3s or -2s; default 0) offsets
+	// the clock the ledger and the workers judge due times by. Test-only:
+	// the fault campaign (chaos/) starts one process with a skewed clock
+	// to prove that a process whose clock is off cannot close orders early
+	// or take others' work. Never set it in a shop.
+	ClockSkew time.Duration
 	// BodyReadTimeout bounds how long a request body may take to arrive
 	// (10s); WriteTimeout how long each write of a response may take to
 	// reach the client (30s); SubscriptionPoll is how often subscriptions
@@ -174,6 +183,15 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	var err error
 	if c.OrderTTL, err = duration(getenv("KAMI_ORDER_TTL"), 15*time.Minute); err != nil || c.OrderTTL < time.Second || c.OrderTTL > 24*time.Hour {
 		bad("KAMI_ORDER_TTL", "want a duration from 1s to 24h, like 15m")
+	}
+	if c.Workers.SweepEvery, err = duration(getenv("KAMI_SWEEP_EVERY"), time.Minute); err != nil || c.Workers.SweepEvery < time.Second || c.Workers.SweepEvery > 24*time.Hour {
+		bad("KAMI_SWEEP_EVERY", "want a duration from 1s to 24h, like 1m")
+	}
+	if c.Workers.Lease, err = duration(getenv("KAMI_QUEUE_LEASE"), 30*time.Second); err != nil || c.Workers.Lease < time.Second || c.Workers.Lease > time.Hour {
+		bad("KAMI_QUEUE_LEASE", "want a duration from 1s to 1h, like 30s")
+	}
+	if c.ClockSkew, err = duration(getenv("KAMI_FAULT_CLOCK_SKEW"), 0); err != nil || c.ClockSkew < -time.Hour || c.ClockSkew > time.Hour {
+		bad("KAMI_FAULT_CLOCK_SKEW", "want a duration from -1h to 1h, like 3s (test-only)")
 	}
 	if c.ProviderTimeout, err = duration(getenv("KAMI_PROVIDER_TIMEOUT"), 10*time.Second); err != nil || c.ProviderTimeout < 100*time.Millisecond || c.ProviderTimeout > 2*time.Minute {
 		bad("KAMI_PROVIDER_TIMEOUT", "want a duration from 100ms to 2m, like 10s")

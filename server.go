@@ -180,12 +180,16 @@ func newLedger(cfg *Config, db *bun.DB, alerts domain.Alerter) (*domain.Ledger, 
 	if err != nil {
 		return nil, err
 	}
-	return domain.NewLedger(db, sealer, domain.Config{
+	l := domain.NewLedger(db, sealer, domain.Config{
 		OrderTTL: cfg.OrderTTL, MaxQuantity: cfg.MaxQuantity, LatePayment: cfg.LatePayment,
 		RefundBackoff:        cfg.RefundBackoff,
 		MaxPendingPerContact: cfg.MaxPendingPerContact, MaxPendingPerAddress: cfg.MaxPendingPerAddress,
 		MaxLockedPerContact: cfg.MaxLockedPerContact, MaxLockedPerAddress: cfg.MaxLockedPerAddress,
-	}, alerts), nil
+	}, alerts)
+	if skew := cfg.ClockSkew; skew != 0 { // test-only: KAMI_FAULT_CLOCK_SKEW
+		l.Now = func() time.Time { return time.Now().Add(skew) }
+	}
+	return l, nil
 }
 
 // newProviders builds the registry from the enabled settings; a bad setting

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCampaignSettings: the settings the fault campaign (chaos/) runs kami
+// with: the sweep interval, the queue lease and the test-only clock skew,
+// with their defaults, and a bad value refused naming the setting.
+func TestCampaignSettings(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig(env{}.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Workers.SweepEvery != time.Minute || c.Workers.Lease != 30*time.Second || c.ClockSkew != 0 {
+		t.Fatalf("defaults: sweep %s, lease %s, skew %s", c.Workers.SweepEvery, c.Workers.Lease, c.ClockSkew)
+	}
+	c, err = loadConfig(env{"KAMI_SWEEP_EVERY": "5s", "KAMI_QUEUE_LEASE": "7s", "KAMI_FAULT_CLOCK_SKEW": "-3s"}.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Workers.SweepEvery != 5*time.Second || c.Workers.Lease != 7*time.Second || c.ClockSkew != -3*time.Second {
+		t.Fatalf("sweep %s, lease %s, skew %s", c.Workers.SweepEvery, c.Workers.Lease, c.ClockSkew)
+	}
+	for name, value := range map[string]string{"KAMI_SWEEP_EVERY": "0s", "KAMI_QUEUE_LEASE": "forever", "KAMI_FAULT_CLOCK_SKEW": "2h"} {
+		if _, err := loadConfig(env{name: value}.get); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%q: error %v does not name it", name, value, err)
+		}
+	}
+
+	// The skew moves the ledger's clock, which the workers judge due times
+	// by.
+	c, err = loadConfig(env{"KAMI_FAULT_CLOCK_SKEW": "1h", "KAMI_DATA_DIR": t.TempDir()}.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ensureSecrets(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := newLedger(c, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Until(l.Now()); d < 59*time.Minute || d > 61*time.Minute {
+		t.Fatalf("the ledger's clock is %s off, want 1h", d)
+	}
+}
