@@ -66,7 +66,7 @@ func newMetrics(queues func(context.Context) ([]queueStat, error)) *metrics {
 	m.payments = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_payments_total",
 		Help: "Payments applied, by outcome (DELIVERED, DUPLICATE, LATE_REFUND, LATE_DELIVERED, DUPLICATE_REFUNDS)."}, []string{"outcome"})
 	m.refundAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_refund_attempts_total",
-		Help: "Refund attempts by result (succeeded, retry, failed) and attempt number."}, []string{"result", "attempt"})
+		Help: "Refund attempts by result (succeeded, retry, failed, processing: accepted and still processing at the provider) and attempt number."}, []string{"result", "attempt"})
 	m.webhooks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_webhook_notifications_total",
 		Help: "Provider notifications received, by provider and result (ok, invalid, refused, error)."}, []string{"provider", "result"})
 	m.graphql = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_graphql_requests_total",

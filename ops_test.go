@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"kami/domain"
+	"kami/domain/domaintest"
 	"kami/queue"
 )
 
@@ -132,7 +133,7 @@ func TestMetricsMove(t *testing.T) {
 		return out
 	}
 	lacking := missing()
-	for deadline := time.Now().Add(10 * time.Second); len(lacking) > 0 && time.Now().Before(deadline); lacking = missing() {
+	for deadline := time.Now().Add(domaintest.MinPatience); len(lacking) > 0 && time.Now().Before(deadline); lacking = missing() {
 		time.Sleep(20 * time.Millisecond)
 	}
 	for _, want := range lacking {

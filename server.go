@@ -322,7 +322,7 @@ type sweeper struct{ w *queue.Workers }
 
 func (s sweeper) Rebuild(ctx context.Context) (int, error) {
 	res, err := s.w.Sweep(ctx)
-	return res.Scheduled + res.Refunds + res.StockRebuilds, err
+	return res.Scheduled + res.Refunds + res.StockRebuilds + res.StockRepairs, err
 }
 
 // start starts the queue workers and the nightly reconciliation; Close

@@ -17,10 +17,10 @@ type Violation struct {
 func (v Violation) String() string { return fmt.Sprintf("%s %s: %s", v.Rule, v.Subject, v.Detail) }
 
 // Audit checks the ledger's invariants and lists every violation; an empty
-// list means the books are straight. It reads only, so it may run at any
-// time, but a check that races a transaction in flight can see it half
-// done: run it on a quiet ledger (tests, the nightly reconciliation) or
-// check twice.
+// list means the books are straight. It reads only, and every check reads
+// one consistent snapshot (snapshotTx), so it may run at any time, also on
+// live traffic: a transaction that commits while it runs is either wholly
+// in what it reads or not at all.
 //
 //   - locked_without_pending: no card is LOCKED unless a PENDING order holds it;
 //   - pending_card_count: a PENDING order holds exactly quantity LOCKED cards;
@@ -39,15 +39,22 @@ func (v Violation) String() string { return fmt.Sprintf("%s %s: %s", v.Rule, v.S
 //     batch has no card on sale (UNSOLD or RECYCLED).
 func (l *Ledger) Audit(ctx context.Context) ([]Violation, error) {
 	var out []Violation
-	for _, check := range []func(context.Context, bun.IDB) ([]Violation, error){
-		auditLockedCards, auditPendingOrders, auditDeliveredOrders, auditSoldCards, auditRefunds, auditStockFlow,
-		auditBatches, auditWithdrawn,
-	} {
-		vs, err := check(ctx, l.db)
-		if err != nil {
-			return nil, err
+	err := snapshotTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		out = nil
+		for _, check := range []func(context.Context, bun.IDB) ([]Violation, error){
+			auditLockedCards, auditPendingOrders, auditDeliveredOrders, auditSoldCards, auditRefunds, auditStockFlow,
+			auditBatches, auditWithdrawn,
+		} {
+			vs, err := check(ctx, tx)
+			if err != nil {
+				return err
+			}
+			out = append(out, vs...)
 		}
-		out = append(out, vs...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -304,6 +304,19 @@ func txOptions(db bun.IDB) *sql.TxOptions {
 	return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 }
 
+// snapshotTx runs fn, which only reads, in one consistent snapshot of the
+// database: every query in it sees the same committed state. On PostgreSQL
+// and MySQL/MariaDB that is a READ ONLY transaction at REPEATABLE READ (the
+// snapshot is taken at its first read and kept to the end); on SQLite any
+// transaction is one, and with its one connection no write runs beside it.
+func snapshotTx(ctx context.Context, db *bun.DB, fn func(ctx context.Context, tx bun.Tx) error) error {
+	var opts *sql.TxOptions
+	if dialectName(db) != dialect.SQLite {
+		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	}
+	return db.RunInTx(ctx, opts, fn)
+}
+
 // maxTxAttempts bounds how often a transaction is retried after a deadlock.
 const maxTxAttempts = 8
 

@@ -102,14 +102,19 @@ func (s *Shop) logRefunded(ctx context.Context, r *Refund, o *Order, via string)
 }
 
 // logRefundAttempt: an attempt that did not refund; result is "retry" or
-// "failed" (gave up: the alert follows).
+// "failed" (gave up: the alert follows), or "processing" (the provider
+// accepted it and is still processing it: not a failure).
 func (s *Shop) logRefundAttempt(ctx context.Context, r *Refund, attempt int, result, detail string) {
 	extra := []slog.Attr{slog.String("refund", r.RefundNo), slog.Int("attempt", attempt),
 		slog.String("result", result), slog.String("detail", detail)}
-	if result == "retry" && !r.NextRetryAt.IsZero() {
+	if result != "failed" && !r.NextRetryAt.IsZero() {
 		extra = append(extra, slog.Time("next_attempt", r.NextRetryAt))
 	}
-	s.logEvent(ctx, event{msg: "refund attempt failed", order: r.OrderNo, cause: string(r.Cause),
+	msg := "refund attempt failed"
+	if result == "processing" {
+		msg = "refund processing at the provider"
+	}
+	s.logEvent(ctx, event{msg: msg, order: r.OrderNo, cause: string(r.Cause),
 		provider: r.Provider, fen: r.AmountFen, extra: extra})
 }
 

@@ -38,6 +38,9 @@ type gateway struct {
 	// refunded is what the gateway refunded under a refund number, and how
 	// many refund calls named it.
 	refunded func(refundNo string) (fen int64, calls int)
+	// finishRefund finishes a refund the gateway left processing (see
+	// slowRefundGateways).
+	finishRefund func(t testing.TB, refundNo string)
 }
 
 // note is a notification as the gateway posts it.
@@ -76,9 +79,24 @@ func alipayGateway(t testing.TB) *gateway { return alipayGatewayWith(t, true) }
 // alipayGatewayWith is alipayGateway; early says whether its emulator
 // serves today's statement at once (or only tomorrow, as Alipay does).
 func alipayGatewayWith(t testing.TB, early bool) *gateway {
+	return alipayGatewayOpts(t, func(o *alipayemu.Options) { o.EarlyStatements = early })
+}
+
+// slowRefundGateways are gateways whose refunds stay processing, as a
+// refund to a bank card does for days, until finishRefund.
+func slowRefundGateways(t testing.TB) []*gateway {
+	return []*gateway{
+		alipayGatewayOpts(t, func(o *alipayemu.Options) { o.EarlyStatements, o.RefundProcessing = true, true }),
+		wechatGatewayOpts(t, func(o *wechatemu.Options) { o.RefundStaysProcessing = true }),
+	}
+}
+
+func alipayGatewayOpts(t testing.TB, opts func(*alipayemu.Options)) *gateway {
 	t.Helper()
 	ks := gatewayKeys()
-	emu, err := alipayemu.New(alipayemu.Options{AppPublicKey: &ks[0].PublicKey, GatewayKey: ks[1], Hold: 2 * gatewayTimeout, EarlyStatements: early})
+	o := alipayemu.Options{AppPublicKey: &ks[0].PublicKey, GatewayKey: ks[1], Hold: 2 * gatewayTimeout}
+	opts(&o)
+	emu, err := alipayemu.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,18 +111,27 @@ func alipayGatewayWith(t testing.TB, early bool) *gateway {
 	return &gateway{
 		name: alipay.Name, provider: client, fault: emu.InjectFault, refunded: emu.Refunded,
 		pay: payAt(emu),
+		finishRefund: func(t testing.TB, refundNo string) {
+			if err := emu.FinishRefund(refundNo); err != nil {
+				t.Fatal(err)
+			}
+		},
 		phantom: func(t testing.TB, orderNo string, fen int64) note {
 			return note{alipayemu.NotificationHeader(), emu.Notification(emu.PaymentFields(orderNo, fen))}
 		},
 	}
 }
 
-func wechatGateway(t testing.TB) *gateway {
+func wechatGateway(t testing.TB) *gateway { return wechatGatewayOpts(t, func(*wechatemu.Options) {}) }
+
+func wechatGatewayOpts(t testing.TB, opts func(*wechatemu.Options)) *gateway {
 	t.Helper()
 	ks := gatewayKeys()
 	const serial = "3775B6A45ACD588826D15E583A95F5DD00000001"
-	emu, err := wechatemu.New(wechatemu.Options{MerchantSerialNo: serial, MerchantPublicKey: &ks[2].PublicKey, PlatformKey: ks[3],
-		HoldMax: 2 * gatewayTimeout, EarlyStatements: true})
+	o := wechatemu.Options{MerchantSerialNo: serial, MerchantPublicKey: &ks[2].PublicKey, PlatformKey: ks[3],
+		HoldMax: 2 * gatewayTimeout, EarlyStatements: true}
+	opts(&o)
+	emu, err := wechatemu.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +150,11 @@ func wechatGateway(t testing.TB) *gateway {
 	return &gateway{
 		name: wechat.Name, provider: client, fault: emu.InjectFault, refunded: emu.Refunded,
 		pay: payAt(emu),
+		finishRefund: func(t testing.TB, refundNo string) {
+			if err := emu.SetRefundStatus(refundNo, "SUCCESS"); err != nil {
+				t.Fatal(err)
+			}
+		},
 		phantom: func(t testing.TB, orderNo string, fen int64) note {
 			t.Helper()
 			h, b, err := emu.Notify(wechatemu.Notification{EventType: "TRANSACTION.SUCCESS", OriginalType: "transaction",

@@ -17,7 +17,8 @@ type Observer interface {
 	// PaymentRecorded counts a payment by outcome.
 	PaymentRecorded(outcome PaymentOutcome)
 	// RefundAttempt counts a refund attempt by result ("succeeded",
-	// "retry", "failed") and its number (1 for the first).
+	// "retry", "failed", "processing": the provider accepted it and is
+	// still processing it) and its number (1 for the first).
 	RefundAttempt(result string, attempt int)
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -615,6 +616,43 @@ func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attem
 		l.alerts.Alert(ctx, *alert)
 	}
 	return r, nil
+}
+
+// RefundAwaiting records that the provider accepted refund attempt number
+// attempt (0-based, as RefundAttemptFailed) and is still processing it:
+// the refund stays PROCESSING, the attempt is not counted as failed, and the
+// next look is a query at the provider after the slow poll (the longest
+// step of KAMI_REFUND_BACKOFF). providerRefundID, when the provider gave
+// one, is kept; it also tells the next attempt that a refund was sent, so
+// it asks before refunding again. A refund that stays like this for a day
+// is reported by the nightly reconciliation (StaleRefunds).
+func (l *Ledger) RefundAwaiting(ctx context.Context, refundNo string, attempt int, providerRefundID, detail string) (*Refund, error) {
+	var r *Refund
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		now := l.now()
+		sets := []column{col("last_error = ?", truncate(detail, 512)), col("next_retry_at = ?", now.Add(l.refundPoll()))}
+		if providerRefundID != "" {
+			sets = append(sets, col("provider_refund_id = ?", providerRefundID))
+		}
+		if _, err := apply(ctx, tx, RefundAwait, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			return whereRefundNo(refundNo)(q).Where("retry_count = ?", attempt)
+		}, sets...); err != nil {
+			return err
+		}
+		var err error
+		r, err = refundIn(ctx, tx, refundNo)
+		return err
+	})
+	return r, err
+}
+
+// refundPoll is how long a refund the provider is still processing waits
+// before it is asked about again: the longest step of the backoff.
+func (l *Ledger) refundPoll() time.Duration {
+	if len(l.cfg.RefundBackoff) == 0 {
+		return 30 * time.Minute
+	}
+	return slices.Max(l.cfg.RefundBackoff)
 }
 
 // RetryRefund restarts a FAILED refund for an admin: → PROCESSING, due now,

@@ -759,7 +759,9 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	}
 	req := providers.RefundRequest{RefundNo: r.RefundNo, OrderNo: r.OrderNo, TradeNo: r.TradeNo,
 		RefundFen: r.AmountFen, TotalFen: r.PaidFen, Reason: r.Reason}
-	if r.RetryCount > 0 {
+	// A refund sent before (an attempt failed, or the provider accepted it
+	// and is still processing it) is asked about first.
+	if r.RetryCount > 0 || r.ProviderRefundID != "" {
 		res, err := p.QueryRefund(ctx, req)
 		switch {
 		case err != nil:
@@ -768,7 +770,7 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 		case res.State == providers.RefundSucceeded:
 			return s.refundSucceeded(ctx, r, res.ProviderRefundID)
 		case res.State == providers.RefundProcessing:
-			return s.refundFailed(ctx, r, "still processing at the provider")
+			return s.refundAwaiting(ctx, r, res, "still processing at the provider")
 		}
 		// NOT_FOUND or FAILED: refunding under the same number is safe.
 	}
@@ -780,7 +782,7 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	case providers.RefundSucceeded:
 		return s.refundSucceeded(ctx, r, res.ProviderRefundID)
 	case providers.RefundProcessing:
-		return s.refundFailed(ctx, r, "accepted, processing at the provider")
+		return s.refundAwaiting(ctx, r, res, "accepted, processing at the provider")
 	default:
 		return s.refundFailed(ctx, r, "provider refused: "+res.Detail)
 	}
@@ -797,6 +799,26 @@ func (s *Shop) refundSucceeded(ctx context.Context, r *Refund, providerRefundID 
 		s.logRefunded(ctx, r, o, "refund call")
 	}
 	return r, err
+}
+
+// refundAwaiting records that the provider accepted the refund and is
+// still processing it: not a failure (a WeChat refund to a bank card takes
+// days). The refund stays PROCESSING and is asked about again on the slow
+// poll; one processing for over a day is the nightly reconciliation's
+// stale-refund alert.
+func (s *Shop) refundAwaiting(ctx context.Context, r *Refund, res providers.RefundResult, detail string) (*Refund, error) {
+	attempt := r.RetryCount + 1
+	if res.Detail != "" {
+		detail += ": " + res.Detail
+	}
+	r, err := s.Ledger.RefundAwaiting(ctx, r.RefundNo, r.RetryCount, res.ProviderRefundID, detail)
+	if err != nil {
+		return nil, err
+	}
+	s.observer().RefundAttempt("processing", attempt)
+	s.logRefundAttempt(ctx, r, attempt, "processing", detail)
+	s.scheduleRefund(ctx, r)
+	return r, nil
 }
 
 func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Refund, error) {

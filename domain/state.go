@@ -127,6 +127,10 @@ var (
 	// A failed attempt that will be tried again stays PROCESSING; it is a
 	// transition so that its update is guarded like every other.
 	RefundAttempt = refundMove("refund.attempt", []RefundStatus{RefundProcessing}, RefundProcessing)
+	// The provider accepted the refund and is still processing it (a
+	// WeChat refund to a bank card takes days): not a failure, polled on
+	// the slow schedule, never given up on.
+	RefundAwait = refundMove("refund.await", []RefundStatus{RefundProcessing}, RefundProcessing)
 )
 
 // Transitions is the whole table, for tests and documentation.
@@ -134,7 +138,7 @@ var Transitions = []Transition{
 	OrderPay, OrderClose, OrderLateRefund, OrderLateDeliver, OrderAdminRefund, OrderRefundDone,
 	CardLock, CardSell, CardRecycle, CardWithdraw, CardWithdrawLocked,
 	BatchRecall,
-	RefundSucceed, RefundGiveUp, RefundRetry, RefundAttempt,
+	RefundSucceed, RefundGiveUp, RefundRetry, RefundAttempt, RefundAwait,
 }
 
 // Allowed reports whether some transition moves table's status from → to.

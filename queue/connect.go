@@ -34,7 +34,10 @@ func Connect(ctx context.Context, rawURL string) (redis.UniversalClient, func() 
 			return nil, nil, fmt.Errorf("KAMI_REDIS_URL: cannot start the in-process Redis: %w", err)
 		}
 		addr = m.Addr()
-		rdb = redis.NewClient(withTimeouts(&redis.Options{Addr: addr}))
+		// No read or write deadlines: the in-process Redis cannot be cut
+		// off from the process, so a deadline could only turn a busy
+		// machine (a slow scheduler, not a lost server) into errors.
+		rdb = redis.NewClient(withTimeouts(&redis.Options{Addr: addr, ReadTimeout: -1, WriteTimeout: -1}))
 		stop = func() error { m.Close(); return nil }
 	case strings.HasPrefix(rawURL, "redis://") || strings.HasPrefix(rawURL, "rediss://") || strings.HasPrefix(rawURL, "unix://"):
 		opts, err := redis.ParseURL(rawURL)

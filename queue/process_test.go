@@ -80,7 +80,7 @@ func workerMain() int {
 		}
 		fmt.Println("ready")
 		io.Copy(io.Discard, os.Stdin)
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // finishing the batch in hand, on a busy machine
 		defer cancel()
 		if err := w.Stop(sctx); err != nil {
 			return fail(err)
@@ -136,7 +136,7 @@ func startChild(t *testing.T, mode, dbURL, redisURL, prefix string, lease time.D
 // returns the rest.
 func (c *child) line(t *testing.T, prefix string, within time.Duration) string {
 	t.Helper()
-	timeout := time.After(within)
+	timeout := time.After(max(within, domaintest.MinPatience)) // a deadline for giving up, never a speed
 	for {
 		select {
 		case l, ok := <-c.lines:

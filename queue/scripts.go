@@ -117,13 +117,39 @@ end
 return -1
 `)
 
-// rebuildSetScript creates a missing counter at the database's count plus
-// what was given back while the rebuild counted, and clears that sum.
+// rebuildStartScript starts the rebuild of a product's counter: it takes the
+// rebuild lock and clears the give-backs kept aside (the coming count of
+// the database includes every one made so far). A missing counter is
+// rebuilt; an existing one only with ARGV[3] = 1 (a repair), and then it is
+// deleted here, under the lock, so that until the rebuild sets it, takes
+// wait as they do for a missing counter and give-backs are kept aside: the
+// rebuild's own SET can then overwrite nothing that happened since.
 //
-// KEYS[1] stock counter, KEYS[2] its pending sum
-// ARGV[1] the database's count
-// Returns the counter's value, or -1 when it already existed.
+// KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum
+// ARGV[1] lock token, ARGV[2] lock TTL (ms), ARGV[3] 1 to rebuild an
+// existing counter
+// Returns 1 started (the caller holds the lock and must count and set),
+// 0 another process holds the lock, 2 the counter exists (nothing to do).
+var rebuildStartScript = redis.NewScript(`
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+if exists and ARGV[3] ~= '1' then return 2 end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+redis.call('DEL', KEYS[3])
+if exists then redis.call('DEL', KEYS[1]) end
+return 1
+`)
+
+// rebuildSetScript creates a missing counter at the database's count plus
+// what was given back while the rebuild counted, and clears that sum; only
+// while the caller still holds the rebuild lock (a rebuild whose lock
+// expired during a slow count may be older than another's).
+//
+// KEYS[1] stock counter, KEYS[2] its pending sum, KEYS[3] its rebuild lock
+// ARGV[1] the database's count, ARGV[2] the caller's lock token
+// Returns the counter's value, -1 when it already existed, -2 when the lock
+// is no longer the caller's.
 var rebuildSetScript = redis.NewScript(`
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then return -2 end
 local pending = tonumber(redis.call('GET', KEYS[2]) or '0')
 redis.call('DEL', KEYS[2])
 if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end

@@ -94,7 +94,7 @@ func (e *env) workers(t testing.TB, cfg queue.Config) *queue.Workers {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a deadline for a hang, never a speed
 		defer cancel()
 		if err := w.Stop(ctx); err != nil {
 			t.Errorf("stop workers: %v", err)

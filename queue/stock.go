@@ -28,8 +28,9 @@ type StockGate struct {
 	// pipe carries the takes, with whatever else goes to rdb at the time:
 	// buyers who arrive together take in one round trip.
 	pipe *sharedPipe
-	// count returns the lockable cards of a product from the database.
-	count func(ctx context.Context, productID int64) (int, error)
+	// count returns the lockable cards of products from the database, in
+	// one query.
+	count func(ctx context.Context, productIDs ...int64) (map[int64]int, error)
 	group singleflight.Group
 	// rebuilds counts the database counts this process made.
 	rebuilds atomic.Int64
@@ -46,16 +47,20 @@ var _ domain.StockGate = (*StockGate)(nil)
 
 // NewStockGate returns the gate over rdb, rebuilding counters from ledger.
 func NewStockGate(rdb redis.UniversalClient, keys Keys, ledger *domain.Ledger) *StockGate {
-	return newStockGate(rdb, keys, func(ctx context.Context, id int64) (int, error) {
-		cs, err := ledger.StockCounts(ctx, id)
+	return newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
+		cs, err := ledger.StockCounts(ctx, ids...)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		return cs[id].Lockable, nil
+		out := make(map[int64]int, len(ids))
+		for _, id := range ids {
+			out[id] = cs[id].Lockable
+		}
+		return out, nil
 	})
 }
 
-func newStockGate(rdb redis.UniversalClient, keys Keys, count func(context.Context, int64) (int, error)) *StockGate {
+func newStockGate(rdb redis.UniversalClient, keys Keys, count func(context.Context, ...int64) (map[int64]int, error)) *StockGate {
 	return &StockGate{rdb: rdb, keys: keys, pipe: pipeFor(rdb), count: count, RebuildWait: 5 * time.Second}
 }
 
@@ -177,98 +182,134 @@ func (g *StockGate) Counter(ctx context.Context, productID int64) (n int, ok boo
 	return v, err == nil, err
 }
 
-// Repair sets the product's counter from the database, for the
-// reconciliation. An order in flight while it runs can leave the counter off
-// by its quantity until the next repair; the card lock in the ledger is the
-// real gate either way.
+// Repair rebuilds the product's counter from the database, for the
+// reconciliation, through the same rebuild as a missing counter: takes and
+// give-backs that happen meanwhile are not lost (see rebuildStartScript).
+// It returns the counter's new value.
 func (g *StockGate) Repair(ctx context.Context, productID int64) (int, error) {
-	n, err := g.count(ctx, productID)
-	if err != nil {
-		return 0, err
-	}
-	g.rebuilds.Add(1)
-	return n, g.rdb.Set(ctx, g.keys.Stock(productID), n, 0).Err()
+	return g.rebuild(ctx, productID, true)
 }
 
-// EnsureMissing rebuilds the counters of ids that are missing and reports
-// how many it rebuilt (the sweeper's pass after a Redis loss).
-func (g *StockGate) EnsureMissing(ctx context.Context, ids []int64) (int, error) {
+// Check compares the counters of ids with the database and rebuilds each
+// one that is missing or disagrees with it, in either direction: the
+// sweeper's pass. A counter goes wrong for good when a process dies
+// between a database commit and its counter call (a close and its
+// give-back, a take and its order), when Redis loses a write in a
+// failover, or when a late delivery takes from a counter rebuilt just
+// before; the card lock keeps every sale right meanwhile, but a low
+// counter refuses buyers while cards are free.
+//
+// An order in flight while Check compares (taken, not yet in the
+// database) also looks like a disagreement; rebuilding such a counter is
+// harmless, since the rebuild loses no take or give-back. What a rebuild
+// cannot see is an operation in flight across its own count: an order
+// taken before it and committed after it, or a close committed before it
+// and given back after it, leaves the counter too high by that quantity,
+// which the next sweep finds. Too high is the safe side: the database
+// refuses the sale the counter admits.
+//
+// It reports how many missing counters it rebuilt and how many wrong ones
+// it repaired.
+func (g *StockGate) Check(ctx context.Context, ids []int64) (rebuilt, repaired int, err error) {
 	if len(ids) == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	pipe := g.rdb.Pipeline()
-	exists := make([]*redis.IntCmd, len(ids))
+	gets := make([]*redis.StringCmd, len(ids))
 	for i, id := range ids {
-		exists[i] = pipe.Exists(ctx, g.keys.Stock(id))
+		gets[i] = pipe.Get(ctx, g.keys.Stock(id))
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, err
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, 0, err
 	}
-	n := 0
+	counts, err := g.count(ctx, ids...)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count stock: %w", err)
+	}
 	for i, id := range ids {
-		if exists[i].Val() == 0 {
+		v, err := gets[i].Int()
+		switch {
+		case errors.Is(err, redis.Nil):
 			if err := g.ensure(ctx, id); err != nil {
-				return n, err
+				return rebuilt, repaired, err
 			}
-			n++
+			rebuilt++
+		case err != nil:
+			return rebuilt, repaired, fmt.Errorf("stock counter of product %d: %w", id, err)
+		case v != counts[id]:
+			if _, err := g.Repair(ctx, id); err != nil {
+				return rebuilt, repaired, err
+			}
+			repaired++
 		}
 	}
-	return n, nil
+	return rebuilt, repaired, nil
 }
 
 // ensure sees to it that the product's counter exists. In this process one
 // caller per product does the work (singleflight); across processes one
 // holds the rebuild lock and counts, the others wait for the counter to
-// appear. The counter is written with SET NX, so a counter that appeared
-// meanwhile is never overwritten.
+// appear. A counter that appeared meanwhile is never overwritten.
 func (g *StockGate) ensure(ctx context.Context, productID int64) error {
 	_, err, _ := g.group.Do(strconv.FormatInt(productID, 10), func() (any, error) {
-		return nil, g.rebuild(context.WithoutCancel(ctx), productID)
+		_, err := g.rebuild(context.WithoutCancel(ctx), productID, false)
+		return nil, err
 	})
 	return err
 }
 
-func (g *StockGate) rebuild(ctx context.Context, productID int64) error {
-	key, lock := g.keys.Stock(productID), g.keys.StockRebuildLock(productID)
+// rebuild sets the product's counter from the database, in one process at
+// a time (the rebuild lock). Without repair it rebuilds only a missing
+// counter; with repair an existing one too. While it counts, the counter is
+// missing: takes wait for it, and give-backs are kept aside and added to
+// the count, so none made meanwhile is lost whichever side of the count
+// its database commit fell. When another process holds the lock, rebuild
+// waits for that one's counter instead. It returns the counter's value.
+func (g *StockGate) rebuild(ctx context.Context, productID int64, repair bool) (int, error) {
+	key, lock, pending := g.keys.Stock(productID), g.keys.StockRebuildLock(productID), g.keys.StockRebuildPending(productID)
+	keys := []string{key, lock, pending}
 	token := randomToken()
 	deadline := time.Now().Add(g.RebuildWait)
 	for {
-		n, err := g.rdb.Exists(ctx, key).Result()
+		started, err := rebuildStartScript.Run(ctx, g.rdb, keys, token, rebuildLockTTL.Milliseconds(), boolArg(repair)).Int()
 		if err != nil {
-			return err
+			return 0, err
 		}
-		if n == 1 {
-			return nil
-		}
-		got, err := g.rdb.SetNX(ctx, lock, token, 10*time.Second).Result()
-		if err != nil {
-			return err
-		}
-		if got {
+		switch started {
+		case 2: // the counter exists
+			n, _, err := g.Counter(ctx, productID)
+			return n, err
+		case 1:
 			defer unlockScript.Run(ctx, g.rdb, []string{lock}, token)
-			// Another process may have finished the rebuild between our
-			// look and our lock.
-			if n, err := g.rdb.Exists(ctx, key).Result(); err != nil || n == 1 {
-				return err
-			}
-			// Give-backs kept aside before our count are in it; only those
-			// from now on are added to it.
-			pending := g.keys.StockRebuildPending(productID)
-			if err := g.rdb.Del(ctx, pending).Err(); err != nil {
-				return err
-			}
 			cnt, err := g.count(ctx, productID)
 			if err != nil {
-				return fmt.Errorf("count stock of product %d: %w", productID, err)
+				return 0, fmt.Errorf("count stock of product %d: %w", productID, err)
 			}
 			g.rebuilds.Add(1)
-			return rebuildSetScript.Run(ctx, g.rdb, []string{key, pending}, cnt).Err()
+			n, err := rebuildSetScript.Run(ctx, g.rdb, []string{key, pending, lock}, cnt[productID], token).Int()
+			if err == nil && n == -2 {
+				err = fmt.Errorf("stock counter of product %d: the rebuild lock expired while counting; the next take rebuilds it", productID)
+			}
+			return n, err
 		}
+		// Another process is rebuilding it from the database now: that
+		// rebuild is as good as ours.
+		repair = false
 		if time.Now().After(deadline) {
-			return fmt.Errorf("stock counter of product %d: another process holds its rebuild for over %s", productID, g.RebuildWait)
+			return 0, fmt.Errorf("stock counter of product %d: another process holds its rebuild for over %s", productID, g.RebuildWait)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// rebuildLockTTL bounds how long a rebuild that died holds the others up.
+const rebuildLockTTL = 10 * time.Second
+
+func boolArg(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func randomToken() string {

@@ -2,7 +2,9 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -19,10 +21,10 @@ func TestGiveBackDuringRebuild(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	ctx := context.Background()
 	counting, release := make(chan struct{}), make(chan struct{})
-	g := newStockGate(rdb, NewKeys("t:"), func(ctx context.Context, productID int64) (int, error) {
+	g := newStockGate(rdb, NewKeys("t:"), func(ctx context.Context, ids ...int64) (map[int64]int, error) {
 		close(counting)
 		<-release
-		return 0, nil // the import below commits after this count
+		return map[int64]int{7: 0}, nil // the import below commits after this count
 	})
 	done := make(chan error, 1)
 	go func() { done <- g.ensure(ctx, 7) }()
@@ -44,5 +46,60 @@ func TestGiveBackDuringRebuild(t *testing.T) {
 	}
 	if m.Exists(NewKeys("t:").StockRebuildPending(8)) || m.Exists(NewKeys("t:").Stock(8)) {
 		t.Fatal("a give-back with no rebuild running left a key behind")
+	}
+}
+
+// TestRepairLosesNoConcurrentTakeOrGiveBack: a repair of a wrong counter
+// (the reconciliation's, the sweeper's) sets it from the database without
+// losing a give-back or a take made while it counted. Before, Repair counted
+// and then SET the counter: the give-back of a close that committed after
+// the count, and a take made meanwhile, were overwritten.
+func TestRepairLosesNoConcurrentTakeOrGiveBack(t *testing.T) {
+	t.Parallel()
+	for _, wrong := range []int{3, 500} { // too low, too high
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		ctx := context.Background()
+		keys := NewKeys("t:")
+		counting, release := make(chan struct{}), make(chan struct{})
+		g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
+			close(counting)
+			<-release
+			return map[int64]int{7: 50}, nil // 50 cards free when the repair counts
+		})
+		g.RebuildWait = time.Minute // a wait, not a speed, is what is tested
+		if err := rdb.Set(ctx, keys.Stock(7), wrong, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := g.Repair(ctx, 7); done <- err }()
+		<-counting
+		// While the repair counts: a close commits 3 cards after the count
+		// and gives them back; a buyer takes 2.
+		if err := g.GiveBack(ctx, 7, 3); err != nil {
+			t.Fatal(err)
+		}
+		took := make(chan error, 1)
+		go func() {
+			ok, err := g.Take(ctx, 7, 2)
+			if err == nil && !ok {
+				err = errors.New("take refused")
+			}
+			took <- err
+		}()
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-took; err != nil {
+			t.Fatal(err)
+		}
+		if n, ok, err := g.Counter(ctx, 7); err != nil || !ok || n != 51 {
+			t.Errorf("counter was %d; after the repair %d %v %v, want 51 (50 counted + 3 given back - 2 taken)", wrong, n, ok, err)
+		}
+		if m.Exists(keys.StockRebuildLock(7)) || m.Exists(keys.StockRebuildPending(7)) {
+			t.Error("the repair left its lock or its pending sum behind")
+		}
 	}
 }

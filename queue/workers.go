@@ -90,12 +90,13 @@ type Stats struct {
 	LatencySumNS  int64 // sum of those latencies
 	LatencyMaxNS  int64 // the largest one
 	LastSweepRows int64 // pending orders the last sweep read
+	StockRepairs  int64 // stock counters the sweeper found wrong and rebuilt
 }
 
 type counters struct {
 	closed, skipped, notDue, deferred, unknown, closeErrors, refunds, refundErrors atomic.Int64
 	recovered, swept, sweptClosed, redisErrors                                     atomic.Int64
-	latCount, latSum, latMax, lastSweepRows                                        atomic.Int64
+	latCount, latSum, latMax, lastSweepRows, stockRepairs                          atomic.Int64
 }
 
 // Workers drain the close and refund queues into the ledger, bring back
@@ -168,7 +169,8 @@ func (w *Workers) Stats() Stats {
 	return Stats{Closed: c.closed.Load(), Skipped: c.skipped.Load(), NotDue: c.notDue.Load(), Deferred: c.deferred.Load(), Unknown: c.unknown.Load(),
 		CloseErrors: c.closeErrors.Load(), Refunds: c.refunds.Load(), RefundErrors: c.refundErrors.Load(),
 		Recovered: c.recovered.Load(), Swept: c.swept.Load(), SweptClosed: c.sweptClosed.Load(), RedisErrors: c.redisErrors.Load(),
-		LatencyCount: c.latCount.Load(), LatencySumNS: c.latSum.Load(), LatencyMaxNS: c.latMax.Load(), LastSweepRows: c.lastSweepRows.Load()}
+		LatencyCount: c.latCount.Load(), LatencySumNS: c.latSum.Load(), LatencyMaxNS: c.latMax.Load(), LastSweepRows: c.lastSweepRows.Load(),
+		StockRepairs: c.stockRepairs.Load()}
 }
 
 // QueueStats reads both queues' backlog and lag.
@@ -544,12 +546,14 @@ type SweepResult struct {
 	ClosedDirect  int // overdue orders closed straight from the database (Redis down)
 	Refunds       int // due refunds put back on the refund queue
 	StockRebuilds int // missing stock counters rebuilt
+	StockRepairs  int // stock counters that disagreed with the database, rebuilt
 }
 
 // Sweep rebuilds what Redis lost from the database: every PENDING order
 // missing from the close queue (and not leased) is scheduled at its
 // expires_at, so an overdue one is closed at once by the drain; due
-// PROCESSING refunds are queued; missing stock counters are rebuilt. Orders
+// PROCESSING refunds are queued; stock counters that are missing or
+// disagree with the database are rebuilt (StockGate.Check). Orders
 // are read in pages from the (status, expires_at) index. If Redis cannot be
 // reached, overdue orders are closed straight through the ledger instead.
 func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
@@ -568,9 +572,14 @@ func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 		if _, err := w.gate.ResetDirty(ctx); err != nil {
 			w.c.redisErrors.Add(1)
 		}
-		if res.StockRebuilds, err = w.gate.EnsureMissing(ctx, ids); err != nil {
+		res.StockRebuilds, res.StockRepairs, err = w.gate.Check(ctx, ids)
+		if err != nil {
 			w.c.redisErrors.Add(1)
-			w.log.Warn("stock counters not rebuilt", "err", err)
+			w.log.Warn("stock counters not checked", "err", err)
+		}
+		if res.StockRepairs > 0 {
+			w.c.stockRepairs.Add(int64(res.StockRepairs))
+			w.log.Warn("stock counters disagreed with the database; rebuilt", "counters", res.StockRepairs)
 		}
 	}
 	now := w.cfg.Now()

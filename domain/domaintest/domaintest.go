@@ -48,9 +48,13 @@ func Key() []byte {
 }
 
 // Eventually polls cond until it holds, failing the test with what if it
-// does not within the given time.
+// does not within the given time, or within MinPatience if that is longer:
+// the deadline only says when to give up on something that will not happen,
+// and on a busy machine (-race, other jobs beside) what takes a second
+// alone can take twenty. A test that passes never waits for it.
 func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
+	within = max(within, MinPatience)
 	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -79,3 +83,6 @@ func (b *LogBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// MinPatience is the shortest deadline Eventually gives a condition.
+const MinPatience = 2 * time.Minute

@@ -14,6 +14,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,11 +71,11 @@ func Open(t testing.TB, k Kind) *Server {
 			t.Fatal(err)
 		}
 		t.Cleanup(m.Close)
-		s := &Server{Kind: Mini, URL: "redis://" + m.Addr() + "/0", Mini: m}
+		s := &Server{Kind: Mini, URL: patient("redis://" + m.Addr() + "/0"), Mini: m}
 		s.Client = s.NewClient(t)
 		return s
 	case Real:
-		s := &Server{Kind: Real, URL: real(t)}
+		s := &Server{Kind: Real, URL: patient(real(t))}
 		s.Client = s.NewClient(t)
 		return s
 	}
@@ -116,6 +117,24 @@ func real(t testing.TB) string {
 	return u
 }
 
+// patient adds to a Redis URL the timeouts of a test client (see
+// NewClient), for the servers and worker processes a test starts with it:
+// no read or write deadlines, a long wait for a pooled connection, a
+// bounded dial. Timeouts the URL names already are kept.
+func patient(u string) string {
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	for _, kv := range []string{"dial_timeout=10s", "read_timeout=-1", "write_timeout=-1", "pool_timeout=5m"} {
+		if !strings.Contains(u, strings.Split(kv, "=")[0]+"=") {
+			u += sep + kv
+			sep = "&"
+		}
+	}
+	return u
+}
+
 // NewClient opens another client to the server (another "process"),
 // closed when the test ends.
 func (s *Server) NewClient(t testing.TB) redis.UniversalClient {
@@ -125,8 +144,14 @@ func (s *Server) NewClient(t testing.TB) redis.UniversalClient {
 		t.Fatal(err)
 	}
 	// No go-redis retries, as queue.Connect sets them: a retried stock
-	// script could count twice.
-	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.MaxRetries = time.Second, time.Second, time.Second, -1
+	// script could count twice. No read or write deadlines and a long
+	// wait for a pooled connection: on a busy machine under -race an
+	// in-process miniredis can take seconds to answer a thousand
+	// goroutines, and a test must not fail because the machine is slow.
+	// A Redis that is gone still fails at once (connection refused or
+	// reset); the dial keeps a bound for a stopped one.
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.MaxRetries = 10*time.Second, -1, -1, -1
+	opts.PoolTimeout = 5 * time.Minute
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	return c

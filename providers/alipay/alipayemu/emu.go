@@ -74,6 +74,11 @@ type Options struct {
 	// with the books so far, instead of once the day is over (see
 	// statement.go): tests then need not wait for tomorrow.
 	EarlyStatements bool
+	// RefundProcessing makes new refunds slow, as a refund to a bank card
+	// is: the refund call accepts them with fund_change "N" (no money moved
+	// yet) and the refund query does not list them (no refund_status
+	// REFUND_SUCCESS) until FinishRefund.
+	RefundProcessing bool
 }
 
 // Server is the emulated gateway. It is an http.Handler; all its methods
@@ -86,6 +91,7 @@ type Server struct {
 	hold, slow time.Duration
 	now        func() time.Time
 	early      bool // Options.EarlyStatements
+	slowRefund bool // Options.RefundProcessing
 
 	forgeOnce sync.Once
 	forgeKey  *rsa.PrivateKey
@@ -121,6 +127,7 @@ type refund struct {
 	at           time.Time
 	notifyID     string
 	refundedTill int64 // trade's refunded total right after this refund
+	processing   bool  // accepted, not finished (Options.RefundProcessing)
 }
 
 // Trade states, as Alipay names them.
@@ -134,19 +141,20 @@ const (
 // New makes an emulator. Generating keys is the only thing that can fail.
 func New(opts Options) (*Server, error) {
 	s := &Server{
-		appID:    opts.AppID,
-		appPub:   opts.AppPublicKey,
-		key:      opts.GatewayKey,
-		forgeKey: opts.ForgeKey,
-		hold:     opts.Hold,
-		slow:     opts.Slow,
-		now:      opts.Now,
-		early:    opts.EarlyStatements,
-		trades:   map[string]*trade{},
-		byNo:     map[string]*trade{},
-		refunds:  map[string]*refund{},
-		calls:    map[string]int{},
-		methods:  map[string]int{},
+		appID:      opts.AppID,
+		appPub:     opts.AppPublicKey,
+		key:        opts.GatewayKey,
+		forgeKey:   opts.ForgeKey,
+		hold:       opts.Hold,
+		slow:       opts.Slow,
+		now:        opts.Now,
+		early:      opts.EarlyStatements,
+		slowRefund: opts.RefundProcessing,
+		trades:     map[string]*trade{},
+		byNo:       map[string]*trade{},
+		refunds:    map[string]*refund{},
+		calls:      map[string]int{},
+		methods:    map[string]int{},
 	}
 	if s.appID == "" {
 		s.appID = DefaultAppID
@@ -212,6 +220,19 @@ func (s *Server) Refunded(refundNo string) (fen int64, calls int) {
 		fen = rf.fen
 	}
 	return fen, s.calls[refundNo]
+}
+
+// FinishRefund finishes a refund left processing (Options.RefundProcessing):
+// from now on the refund query lists it as REFUND_SUCCESS.
+func (s *Server) FinishRefund(refundNo string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rf, ok := s.refunds[refundNo]
+	if !ok {
+		return fmt.Errorf("alipayemu: no refund %q", refundNo)
+	}
+	rf.processing = false
+	return nil
 }
 
 // Calls is how many verified requests named method (e.g. "alipay.trade.query").

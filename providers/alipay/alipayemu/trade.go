@@ -197,14 +197,18 @@ func (s *Server) refundLocked(key string, b biz) reply {
 	if t.refundedFen == t.totalFen {
 		t.status = statusClosed // a fully refunded trade is closed
 	}
-	rf := &refund{outRequestNo: reqNo, trade: t, fen: fen, at: s.now(), notifyID: randomID(16), refundedTill: t.refundedFen}
+	rf := &refund{outRequestNo: reqNo, trade: t, fen: fen, at: s.now(), notifyID: randomID(16), refundedTill: t.refundedFen,
+		processing: s.slowRefund}
 	s.refunds[reqNo] = rf
+	if rf.processing {
+		return answer("N", rf) // accepted; the money moves when the bank answers
+	}
 	return answer("Y", rf)
 }
 
 // refundQueryLocked answers a refund it knows with REFUND_SUCCESS (refunds
-// here finish at once) and one it does not with a bare success, as Alipay
-// does.
+// here finish at once, unless Options.RefundProcessing holds them) and one
+// it does not, or one still processing, with a bare success, as Alipay does.
 func (s *Server) refundQueryLocked(key string, b biz) reply {
 	if b.str("out_trade_no") == "" && b.str("trade_no") == "" {
 		return invalidParam(key, "out_trade_no")
@@ -218,7 +222,9 @@ func (s *Server) refundQueryLocked(key string, b biz) reply {
 		return bizFailure(key, "ACQ.TRADE_NOT_EXIST", "交易不存在")
 	}
 	rf, ok := s.refunds[reqNo]
-	if !ok || rf.trade != t {
+	if !ok || rf.trade != t || rf.processing {
+		// Unknown, or not finished yet: no refund fields, as Alipay
+		// answers until the refund has succeeded.
 		return success(key, map[string]any{"trade_no": t.tradeNo, "out_trade_no": t.outTradeNo})
 	}
 	fields := map[string]any{

@@ -72,6 +72,10 @@ type Options struct {
 	// RefundProcessing makes new refunds answer PROCESSING; the next query
 	// finds them SUCCESS, as the real gateway does a moment later.
 	RefundProcessing bool
+	// RefundStaysProcessing makes new refunds answer PROCESSING and stay so
+	// at every query, as a refund to a bank card does for days, until
+	// SetRefundStatus moves them.
+	RefundStaysProcessing bool
 	// Now is the gateway's clock; default time.Now.
 	Now func() time.Time
 	// EarlyStatements serves a day's bill as soon as it is asked for, with

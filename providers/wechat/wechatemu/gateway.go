@@ -49,6 +49,7 @@ type refund struct {
 	createTime  time.Time
 	successTime time.Time
 	notifyID    string
+	held        bool // stays PROCESSING at queries (RefundStaysProcessing, SetRefundStatus)
 }
 
 func (s *Server) routes() {
@@ -394,9 +395,10 @@ func (s *Server) refund(_ *http.Request, body []byte) (reply, *apiError) {
 		createTime:  now,
 		successTime: now,
 	}
-	if s.opts.RefundProcessing {
+	if s.opts.RefundProcessing || s.opts.RefundStaysProcessing {
 		rf.status = "PROCESSING"
 		rf.successTime = time.Time{}
+		rf.held = s.opts.RefundStaysProcessing
 	}
 	s.refunds[rf.outRefundNo] = rf
 	t.refunded += amt
@@ -415,7 +417,7 @@ func (s *Server) queryRefund(r *http.Request, _ []byte) (reply, *apiError) {
 	if !ok {
 		return reply{}, errorf(http.StatusNotFound, "RESOURCE_NOT_EXISTS", "退款单不存在")
 	}
-	if rf.status == "PROCESSING" {
+	if rf.status == "PROCESSING" && !rf.held {
 		// The bank has answered by the time anyone asks.
 		rf.status = stateSucc
 		rf.successTime = s.opts.Now()
@@ -453,8 +455,9 @@ func (s *Server) refundBody(rf *refund) map[string]any {
 }
 
 // SetRefundStatus moves a refund to status (SUCCESS, PROCESSING, ABNORMAL,
-// CLOSED), for tests of refunds that fail at the bank. A refund that no
-// longer holds money gives it back to its trade.
+// CLOSED), for tests of refunds that fail at the bank or take days. A
+// refund set to PROCESSING stays so at every query; one that no longer
+// holds money gives it back to its trade.
 func (s *Server) SetRefundStatus(refundNo, status string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -471,6 +474,10 @@ func (s *Server) SetRefundStatus(refundNo, status string) error {
 		}
 	}
 	rf.status = status
+	rf.held = status == "PROCESSING"
+	if status == stateSucc && rf.successTime.IsZero() {
+		rf.successTime = s.opts.Now()
+	}
 	return nil
 }
 

@@ -1,0 +1,82 @@
+package domain_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+)
+
+// TestSlowRefundStaysProcessing: a refund the gateway accepted and is
+// still processing (a WeChat refund to a bank card takes days; Alipay
+// answers fund_change "N" and its query lists no finished refund) is not a
+// failed attempt. It stays PROCESSING however often it is polled, on the
+// slow schedule, never gives up or raises refund_failed; after a day the
+// nightly reconciliation reports it (stale_refunds); once the gateway
+// finishes it, the next poll records it SUCCEEDED. Before, each poll counted
+// as a failed attempt: the refund ended FAILED with an alert while the
+// gateway was paying it out.
+func TestSlowRefundStaysProcessing(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		for _, gw := range slowRefundGateways(t) {
+			t.Run(gw.name, func(t *testing.T) {
+				backoff := []time.Duration{time.Minute, 5 * time.Minute}
+				sb := newStatementBundle(t, db, gw, domain.Config{RefundBackoff: backoff})
+				o := sb.place(t)
+				sb.deliver(t, gw.pay(t, o.OrderNo, o.AmountFen))
+				r, err := sb.shop.RequestRefund(sb.ctx, o.OrderNo, "buyer asked", "admin")
+				if err != nil {
+					t.Fatal(err)
+				}
+				// More polls than the backoff has steps.
+				for i := range len(backoff) + 3 {
+					cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if cur.Status != domain.RefundProcessing || cur.RetryCount != 0 || !strings.Contains(cur.LastError, "processing") {
+						t.Fatalf("poll %d of a refund the gateway is processing: %s, %d failed attempts, %q", i+1, cur.Status, cur.RetryCount, cur.LastError)
+					}
+					if want := sb.clock.Now().Add(5 * time.Minute); !cur.NextRetryAt.Equal(want) {
+						t.Fatalf("poll %d: next look at %v, want %v (the slow poll: the backoff's longest step)", i+1, cur.NextRetryAt, want)
+					}
+					sb.clock.Advance(5 * time.Minute)
+				}
+				if n := sb.alerts.count("refund_failed"); n != 0 {
+					t.Fatalf("%d refund_failed alerts for a refund the gateway is processing", n)
+				}
+				if fen, _ := gw.refunded(r.RefundNo); fen != o.AmountFen {
+					t.Fatalf("the gateway holds %d fen under %s, want %d (one refund)", fen, r.RefundNo, o.AmountFen)
+				}
+
+				// A day later it is the nightly reconciliation's stale refund.
+				sb.clock.Advance(24 * time.Hour)
+				run, err := (&domain.Reconciler{Shop: sb.shop, Alerts: sb.alerts}).Run(sb.ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if run.StaleRefunds != 1 || sb.alerts.count("stale_refunds") != 1 {
+					t.Fatalf("run %+v, alerts %v: want the refund reported stale", run, sb.alerts.kinds())
+				}
+
+				gw.finishRefund(t, r.RefundNo)
+				cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
+				if err != nil || cur.Status != domain.RefundSucceeded {
+					t.Fatalf("poll once the gateway finished: %+v, %v", cur, err)
+				}
+				if got := sb.order(t, o.OrderNo); got.Status != domain.OrderRefunded {
+					t.Fatalf("order %s after its refund succeeded", got.Status)
+				}
+				if fen, _ := gw.refunded(r.RefundNo); fen != o.AmountFen {
+					t.Fatalf("the gateway refunded %d fen, want %d", fen, o.AmountFen)
+				}
+				sb.mustAudit(t)
+			})
+		}
+	})
+}
