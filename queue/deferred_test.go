@@ -34,7 +34,10 @@ func TestDeferredCloseComesBack(t *testing.T) {
 		nos := e.place(t, p, 1)
 		e.clock.Advance(ttl)
 		retryAt := e.clock.Now().Add(time.Minute)
-		w := e.workers(t, queue.Config{})
+		w := e.workers(t, queue.Config{Lease: 3 * time.Second})
+		if e.shop.CheckBudget != time.Second {
+			t.Fatalf("check budget %s under a lease of 3s, want a third of it", e.shop.CheckBudget)
+		}
 
 		eventually(t, 10*time.Second, "the order deferred", func() bool { return w.Stats().Deferred >= 1 })
 		// Rescheduled first, then acked: it is never nowhere.
