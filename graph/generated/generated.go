@@ -2673,9 +2673,9 @@ type Mutation {
   createProduct(input: CreateProductInput!): Product!
   updateProduct(id: ID!, input: UpdateProductInput!): Product!
   importCards(productId: ID!, codes: [String!]!): ImportCardsPayload!
-  "One per request: an operation with two createOrder is refused."
+  "One per request: an operation with two createOrder is refused. A retry with the idempotency key of an order that is no longer PENDING is CONFLICT: there is nothing left to pay."
   createOrder(input: CreateOrderInput!): CreateOrderPayload!
-  "The buyer gives up a PENDING order: it closes now and its cards go back on sale."
+  "The buyer gives up a PENDING order: its trade is closed at the gateway, then the order closes and its cards go back on sale. UNAVAILABLE when the gateway cannot confirm it unpaid (try again); CONFLICT when it was paid meanwhile (it is then delivered)."
   cancelOrder(orderNo: String!, accessToken: String!): Order!
   "Admins: refund a PAID order in full."
   refundOrder(orderNo: String!, reason: String): Refund!
