@@ -21,6 +21,19 @@ import (
 type lostCommits struct {
 	armed   atomic.Int32 // how many commits to fail
 	applied bool         // whether a failed commit was applied
+	// lookups is how many reads after a failed commit fail the same way
+	// (the database still out of reach).
+	lookups   int32
+	readsDown atomic.Int32
+}
+
+// take uses up one of n's armed faults, if any is left.
+func take(n *atomic.Int32) bool {
+	if n.Add(-1) < 0 {
+		n.Add(1)
+		return false
+	}
+	return true
 }
 
 var errConnReset = errors.New("read tcp 127.0.0.1:40000->127.0.0.1:5432: read: connection reset by peer")
@@ -63,6 +76,9 @@ func (c *faultConn) ExecContext(ctx context.Context, q string, args []driver.Nam
 }
 
 func (c *faultConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	if take(&c.l.readsDown) {
+		return nil, errConnReset
+	}
 	if e, ok := c.Conn.(driver.QueryerContext); ok {
 		return e.QueryContext(ctx, q, args)
 	}
@@ -103,10 +119,10 @@ type faultTx struct {
 }
 
 func (t *faultTx) Commit() error {
-	if t.l.armed.Add(-1) < 0 {
-		t.l.armed.Store(0)
+	if !take(&t.l.armed) {
 		return t.Tx.Commit()
 	}
+	t.l.readsDown.Store(t.l.lookups)
 	if !t.l.applied {
 		_ = t.Tx.Rollback()
 		return errConnReset
@@ -150,7 +166,7 @@ func TestUncertainCommitPlacesOnce(t *testing.T) {
 			name    string
 			applied bool
 			ins     []domain.PlaceOrderInput
-		}{
+		}{ // (the look-up itself failing: TestUncertainCommitUnknown)
 			{"applied batch", true, batch("a1@example.com", "a2@example.com", "a3@example.com")},
 			{"applied batch with a key", true, func() []domain.PlaceOrderInput {
 				ins := batch("k1@example.com", "k2@example.com")
@@ -224,6 +240,37 @@ func TestSameKeyTwiceInOneBatch(t *testing.T) {
 		}
 		if n := b.orderCount(t); n != 2 {
 			t.Fatalf("%d orders, want 2", n)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// TestUncertainCommitUnknown: when the look-up after a lost COMMIT answer
+// fails too, nothing is placed again (it might place twice): every caller
+// of the batch gets UNAVAILABLE, an alert is raised, and what was written
+// is an unpaid order like any other, holding its own cards.
+func TestUncertainCommitUnknown(t *testing.T) {
+	t.Parallel()
+	eachWithLostCommits(t, func(t *testing.T, db *bun.DB, lost *lostCommits) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 5)
+		ins := []domain.PlaceOrderInput{orderInput(p, "u1@example.com"), orderInput(p, "u2@example.com")}
+		lost.applied, lost.lookups = true, 1
+		lost.armed.Store(1)
+		placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
+		if lost.armed.Load() != 0 || lost.readsDown.Load() != 0 {
+			t.Fatalf("the faults did not fire: %d commits, %d reads left", lost.armed.Load(), lost.readsDown.Load())
+		}
+		for i := range ins {
+			if placed[i] != nil || domain.ErrorCode(errs[i]) != domain.EUNAVAILABLE {
+				t.Fatalf("order %d: %v, %v; want UNAVAILABLE", i, placed[i], errs[i])
+			}
+		}
+		if n := b.alerts.count("uncertain_commit"); n != 1 {
+			t.Fatalf("%d uncertain_commit alerts, want 1", n)
+		}
+		if n := b.orderCount(t); n != len(ins) {
+			t.Fatalf("%d orders, want the %d written once", n, len(ins))
 		}
 		b.mustAudit(t)
 	})
