@@ -3,6 +3,7 @@ package domain
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -26,6 +27,10 @@ import (
 // DBOptions tune the connection pool of a server database.
 type DBOptions struct {
 	MaxOpenConns int // default 20; SQLite always uses one writer connection
+	// WrapConnector, if set, wraps the driver's connector, and with it
+	// every connection the pool opens: tests put faults between kami and
+	// the database with it (a COMMIT whose answer is lost).
+	WrapConnector func(driver.Connector) driver.Connector
 }
 
 // OpenDB opens the database named by rawURL: "" means an SQLite file in
@@ -64,7 +69,7 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		// at BEGIN so two transactions never deadlock upgrading a read lock.
 		dsn := "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)" +
 			"&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
-		sqldb, err = sql.Open("sqlite", dsn)
+		sqldb, err = openSQL("sqlite", dsn, opts.WrapConnector)
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
 		}
@@ -86,7 +91,7 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 			q.Set("default_query_exec_mode", "simple_protocol")
 			u.RawQuery = q.Encode()
 		}
-		sqldb, err = sql.Open("pgx", u.String())
+		sqldb, err = openSQL("pgx", u.String(), opts.WrapConnector)
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
 		}
@@ -98,7 +103,7 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		if err != nil {
 			return nil, err
 		}
-		sqldb, err = sql.Open("mysql", dsn)
+		sqldb, err = openSQL("mysql", dsn, opts.WrapConnector)
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
 		}
@@ -117,6 +122,33 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 	}
 	return db, nil
 }
+
+// openSQL opens the pool of the registered driver name at dsn, its
+// connector wrapped by wrap when that is set.
+func openSQL(name, dsn string, wrap func(driver.Connector) driver.Connector) (*sql.DB, error) {
+	db, err := sql.Open(name, dsn)
+	if err != nil || wrap == nil {
+		return db, err
+	}
+	d := db.Driver()
+	db.Close()
+	var c driver.Connector = dsnConnector{dsn: dsn, driver: d}
+	if dc, ok := d.(driver.DriverContext); ok {
+		if c, err = dc.OpenConnector(dsn); err != nil {
+			return nil, err
+		}
+	}
+	return sql.OpenDB(wrap(c)), nil
+}
+
+// dsnConnector is the connector of a driver that has no OpenConnector.
+type dsnConnector struct {
+	dsn    string
+	driver driver.Driver
+}
+
+func (c dsnConnector) Connect(context.Context) (driver.Conn, error) { return c.driver.Open(c.dsn) }
+func (c dsnConnector) Driver() driver.Driver                        { return c.driver }
 
 // ownerOnly creates the SQLite file readable and writable by its owner
 // only (0600), and takes the others' rights away from the file and its

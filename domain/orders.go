@@ -125,26 +125,50 @@ func (l *Ledger) PlaceOrder(ctx context.Context, in PlaceOrderInput) (*PlacedOrd
 // the transaction itself fail (not one order refused: the statement), each
 // order is placed again in a transaction of its own, so that whatever
 // caused it fails only its own order.
+//
+// A COMMIT whose answer was lost (the connection reset after it was sent,
+// the batch's time ran out while it was under way) may or may not have
+// been applied. Placing again blind would leave the first orders, if they
+// were written, PENDING with their cards and nobody to pay them. So the
+// batch's order numbers are looked up first, as payments are (see
+// recordPayments): what was written is the answer; only a batch that was
+// not written is placed again (a lone order once more).
 func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*PlacedOrder, []error) {
+	return l.placeTx(ctx, ins, true)
+}
+
+// placeTx is placeBatch; a lone order whose COMMIT was not applied is
+// placed once more if again is set.
+func (l *Ledger) placeTx(ctx context.Context, ins []PlaceOrderInput, again bool) ([]*PlacedOrder, []error) {
 	var (
-		placed []*PlacedOrder
-		errs   []error
+		placed    []*PlacedOrder
+		errs      []error
+		committed bool // the last attempt got as far as its COMMIT
 	)
 	l.places.batches.Add(1)
 	l.places.calls.Add(int64(len(ins)))
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var err error
 		placed, errs, err = l.placeOrders(ctx, tx, ins)
+		committed = err == nil
 		return err
 	})
 	if err == nil {
 		return placed, errs
 	}
+	if committed {
+		if answered, ok := l.afterUncertainCommit(ctx, placed, errs, err); ok {
+			return answered, errs
+		}
+		// Not written: as if the transaction had failed before its COMMIT.
+	}
 	placed, errs = make([]*PlacedOrder, len(ins)), make([]error, len(ins))
-	if len(ins) > 1 && ctx.Err() == nil {
-		l.places.split.Add(1)
+	if ctx.Err() == nil && (len(ins) > 1 || committed && again) {
+		if len(ins) > 1 {
+			l.places.split.Add(1)
+		}
 		for i := range ins {
-			one, oneErr := l.placeBatch(ctx, ins[i:i+1])
+			one, oneErr := l.placeTx(ctx, ins[i:i+1], false)
 			placed[i], errs[i] = one[0], oneErr[0]
 		}
 		return placed, errs
@@ -164,6 +188,58 @@ func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*Plac
 	return placed, errs
 }
 
+// uncertainLookupTimeout bounds the look-up after an unanswered COMMIT; it
+// runs even when the batch's own time is up.
+const uncertainLookupTimeout = 10 * time.Second
+
+// afterUncertainCommit finds out whether a batch whose COMMIT failed with
+// commitErr was written after all, by its order numbers. Written (any of
+// them: a transaction commits whole): the batch's decisions stand, each
+// placed order answered with its row as the database has it, and ok.
+// Not written: not ok, and the caller places the batch again. Unknown
+// (the look-up failed too): every call gets UNAVAILABLE and ok, since
+// placing again might place twice; an order that was written after all is
+// PENDING like any unpaid one, and its close comes (the sweeper schedules
+// a PENDING order missing from the close queue).
+func (l *Ledger) afterUncertainCommit(ctx context.Context, placed []*PlacedOrder, errs []error, commitErr error) ([]*PlacedOrder, bool) {
+	var nos []string
+	for _, p := range placed {
+		if p != nil && !p.Replayed {
+			nos = append(nos, p.Order.OrderNo)
+		}
+	}
+	if len(nos) == 0 {
+		return nil, false // nothing was to be written: placing again is harmless
+	}
+	lookCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uncertainLookupTimeout)
+	defer cancel()
+	written, err := l.OrdersByNo(lookCtx, nos)
+	if err != nil {
+		l.alerts.Alert(ctx, Alert{Kind: "uncertain_commit", Subject: nos[0],
+			Message: fmt.Sprintf("a batch of %d orders may or may not have been placed (commit: %v; look-up: %v); a written one closes unpaid", len(nos), commitErr, err)})
+		for i := range errs {
+			placed[i], errs[i] = nil, Errorf(EUNAVAILABLE, "the order could not be confirmed; try again")
+		}
+		return placed, true
+	}
+	if len(written) == 0 {
+		return nil, false
+	}
+	for i, p := range placed {
+		if p == nil || p.Replayed {
+			continue
+		}
+		o, ok := written[p.Order.OrderNo]
+		if !ok || !o.CreatedAt.Equal(p.Order.CreatedAt) || o.Contact != p.Order.Contact {
+			// Not ours after all (cannot be, a transaction commits whole).
+			placed[i], errs[i] = nil, Errorf(EINTERNAL, "the order could not be confirmed; try again")
+			continue
+		}
+		p.Order = o
+	}
+	return placed, true
+}
+
 // placeOrders decides every order of a batch with a fixed number of
 // statements, whatever the batch's size: read the idempotency keys, the
 // products and the buyers' unpaid orders; lock cards product by product
@@ -172,16 +248,41 @@ func (l *Ledger) placeBatch(ctx context.Context, ins []PlaceOrderInput) ([]*Plac
 // its error in errs; the returned error is the transaction's.
 func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput) ([]*PlacedOrder, []error, error) {
 	placed, errs := make([]*PlacedOrder, len(ins)), make([]error, len(ins))
+	// follows[i] = j: order i has the same new idempotency key as order j,
+	// ahead of it in the batch. It is not placed; j's outcome answers it,
+	// as a replay would (one key, one order).
+	follows := map[int]int{}
 	open := func(yield func(int, PlaceOrderInput) bool) { // the orders not yet decided
 		for i, in := range ins {
-			if placed[i] == nil && errs[i] == nil && !yield(i, in) {
+			if _, f := follows[i]; placed[i] == nil && errs[i] == nil && !f && !yield(i, in) {
 				return
 			}
 		}
 	}
+	done := func() ([]*PlacedOrder, []error, error) {
+		for i, j := range follows {
+			if placed[j] != nil {
+				placed[i], errs[i] = l.replayed(ins[i], *placed[j].Order)
+			} else {
+				errs[i] = errs[j]
+			}
+		}
+		return placed, errs, nil
+	}
 
 	if err := l.replayBatch(ctx, tx, ins, placed, errs); err != nil {
 		return nil, nil, err
+	}
+	first := map[string]int{}
+	for i, in := range open {
+		if in.IdempotencyKey == "" {
+			continue
+		}
+		if j, ok := first[in.IdempotencyKey]; ok {
+			follows[i] = j
+		} else {
+			first[in.IdempotencyKey] = i
+		}
 	}
 
 	productIDs := map[int64]bool{}
@@ -237,7 +338,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		}
 	}
 	if len(cards) == 0 {
-		return placed, errs, nil
+		return done()
 	}
 
 	// The database's clock: an order expires by the clock every process
@@ -301,7 +402,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		placed[i] = &PlacedOrder{Order: &orders[k], Product: p, AccessToken: tokens[k]}
 		k++
 	}
-	return placed, errs, nil
+	return done()
 }
 
 func (l *Ledger) maxQuantity(p *Product) int {
@@ -329,9 +430,9 @@ func (l *Ledger) whyNotAdmitted(ctx context.Context, in PlaceOrderInput) error {
 }
 
 // replayBatch answers the orders whose idempotency key was already used:
-// with that order, or CONFLICT when it was used for a different one. One
-// new key twice in a batch fails the insert; placeBatch then places the two
-// alone, and the second replays the first.
+// with that order, or CONFLICT when it was used for a different one. (One
+// new key twice in a batch is placeOrders' follows: the first is placed,
+// the second replays it.)
 func (l *Ledger) replayBatch(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput, placed []*PlacedOrder, errs []error) error {
 	var keys []string
 	for _, in := range ins {

@@ -85,8 +85,18 @@ func Servers(t *testing.T, fn func(t *testing.T, db *bun.DB)) {
 // reachable.
 func Open(t testing.TB, k Kind) *bun.DB {
 	t.Helper()
+	return OpenWith(t, k, domain.DBOptions{})
+}
+
+// OpenWith is Open with opts (MaxOpenConns defaults to 40), for tests
+// that wrap the driver's connections to inject faults.
+func OpenWith(t testing.TB, k Kind, opts domain.DBOptions) *bun.DB {
+	t.Helper()
+	if opts.MaxOpenConns == 0 {
+		opts.MaxOpenConns = 40
+	}
 	url := URL(t, k)
-	db, err := domain.OpenDB(context.Background(), url, t.TempDir(), domain.DBOptions{MaxOpenConns: 40})
+	db, err := domain.OpenDB(context.Background(), url, t.TempDir(), opts)
 	if err != nil {
 		t.Fatalf("open %s: %v", k, err)
 	}
