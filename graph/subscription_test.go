@@ -191,14 +191,12 @@ func TestSubscriptionPaidAndClosed(t *testing.T) {
 			if ev, _ := c.next("1"); ev.Data.OrderStatusChanged.Status != "PENDING" || ev.Data.OrderStatusChanged.Cards != nil {
 				t.Fatalf("first event %+v, want PENDING without codes", ev)
 			}
-			start := time.Now()
+			// The bundle's events only push (nothing polls), so PAID can
+			// only arrive because the change was pushed.
 			b.pay(t, paid.Order.OrderNo, "T-1")
 			ev, _ := c.next("1")
 			if got := ev.Data.OrderStatusChanged; got.Status != "PAID" || len(got.Cards) != 1 || got.Cards[0] != codeOf(id, 0) {
 				t.Fatalf("after payment: %+v", ev)
-			}
-			if d := time.Since(start); d > time.Second {
-				t.Errorf("PAID arrived after %v", d)
 			}
 			c.wantComplete("1")
 
@@ -268,7 +266,8 @@ func TestSubscriptionAuth(t *testing.T) {
 
 // TestSubscriptionAcrossProcesses: two handlers, each with its own Redis
 // client and queue.Events, stand for two server processes. A change made
-// through one reaches a subscriber of the other within a second.
+// through one reaches a subscriber of the other by the push: the catch-up
+// polls are an hour apart here, so nothing else could bring it in time.
 func TestSubscriptionAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	m := miniredis.RunT(t)
@@ -277,6 +276,7 @@ func TestSubscriptionAcrossProcesses(t *testing.T) {
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 		t.Cleanup(func() { rdb.Close() })
 		ev := queue.NewEvents(rdb, keys, quietLogger())
+		ev.PollInterval, ev.ResyncInterval = time.Hour, time.Hour
 		t.Cleanup(ev.Close)
 		return ev
 	}
@@ -295,7 +295,6 @@ func TestSubscriptionAcrossProcesses(t *testing.T) {
 		if s := c.nextStatus("1"); s != "PENDING" {
 			t.Fatalf("first: %s", s)
 		}
-		start := time.Now()
 		if end == "PAID" {
 			b.pay(t, o.Order.OrderNo, "T-X")
 		} else {
@@ -305,9 +304,6 @@ func TestSubscriptionAcrossProcesses(t *testing.T) {
 		}
 		if s := c.nextStatus("1"); s != end {
 			t.Fatalf("got %s, want %s", s, end)
-		}
-		if d := time.Since(start); d > time.Second {
-			t.Errorf("%s arrived after %v", end, d)
 		}
 		c.wantComplete("1")
 		c.close()

@@ -69,6 +69,9 @@ func newEnv(t testing.TB, db *bun.DB, rs *redistest.Server, cfg domain.Config) *
 	e.ledger = domain.NewLedger(db, sealer, cfg, domain.LogAlerter{Logger: quietLogger()})
 	e.ledger.Now, e.ledger.DBClock = e.clock.Now, e.clock.Now // the database's clock too: tests move time
 	e.gate = queue.NewStockGate(rs.Client, e.keys, e.ledger)
+	// How long a take waits for another's rebuild before giving up: a bound
+	// for a dead process, never a speed to meet.
+	e.gate.RebuildWait = domaintest.MinPatience
 	e.sched = queue.NewScheduler(rs.Client, e.keys)
 	e.events = queue.NewEvents(rs.Client, e.keys, quietLogger())
 	t.Cleanup(e.events.Close)
