@@ -217,4 +217,18 @@ func TestWebSocketOperationsCountOverItsLife(t *testing.T) {
 	again, _ := ta.dialWS(t, nil)
 	again.subscribe("1", co.Order.OrderNo, co.AccessToken)
 	again.wantStatus("1", "PENDING")
+
+	// gqlgen reads the first JSON value of a message and ignores what
+	// follows; the count reads messages the same way, so bytes after the
+	// message do not hide an operation from it.
+	trailing, _ := ta.dialWS(t, nil)
+	for i := range 6 {
+		raw := fmt.Sprintf(`{"id":"t%d","type":"subscribe","payload":{"query":"{ products { id } }"}} trailing`, i)
+		if err := trailing.conn.Write(trailing.ctx, websocket.MessageText, []byte(raw)); err != nil {
+			break // closed
+		}
+	}
+	if status := trailing.closed(); status != websocket.StatusPolicyViolation {
+		t.Fatalf("six operations with trailing bytes: close status %v, want policy violation", status)
+	}
 }

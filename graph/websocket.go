@@ -100,10 +100,13 @@ func (c *cappedConn) NextReader() (int, io.Reader, error) {
 	if err != nil {
 		return kind, nil, err
 	}
+	// Read the type as gqlgen reads the message (the first JSON value,
+	// whatever follows it), so that no message is an operation to gqlgen
+	// and not to the count.
 	var m struct {
 		Type string `json:"type"`
 	}
-	if json.Unmarshal(b, &m) == nil && (m.Type == "subscribe" || m.Type == "start") {
+	if json.NewDecoder(bytes.NewReader(b)).Decode(&m) == nil && (m.Type == "subscribe" || m.Type == "start") {
 		if c.started++; c.started > c.max {
 			c.WebsocketConn.WriteClose(closePolicyViolation, fmt.Sprintf("this connection started %d operations; open a new one", c.max))
 			return kind, nil, transport.ErrWebsocketClosed
