@@ -319,7 +319,7 @@ func (p *proc) environ() []string {
 		"KAMI_PROVIDER_TIMEOUT": providerTimeout.String(),
 		"KAMI_SWEEP_EVERY":      sweepEvery.String(), "KAMI_QUEUE_LEASE": queueLease.String(),
 		"KAMI_CLOSE_CHECK_RETRY": checkRetry.String(),
-		"KAMI_RECONCILE_CRON": never, "KAMI_STATEMENT_CRON": never,
+		"KAMI_RECONCILE_CRON":    never, "KAMI_STATEMENT_CRON": never,
 		"KAMI_ALERT_WEBHOOK": e.alerts.url, "KAMI_LOG_FORMAT": "json",
 		// Every buyer comes from 127.0.0.1: no caps per address.
 		"KAMI_MAX_PENDING_PER_ADDRESS": "0", "KAMI_MAX_LOCKED_PER_ADDRESS": "0",
