@@ -26,7 +26,7 @@ import (
 var (
 	seedFlag     = flag.Int64("chaos.seed", 0, "run one campaign with this seed (0: the default set)")
 	seedsFlag    = flag.Int("chaos.seeds", 0, "run this many campaigns: the fixed seed, then random ones")
-	durationFlag = flag.Duration("chaos.duration", 35*time.Second, "the faulty phase of each campaign")
+	durationFlag = flag.Duration("chaos.duration", 30*time.Second, "the faulty phase of each campaign")
 	buyersFlag   = flag.Int("chaos.buyers", 3, "buyers placing orders at once")
 	procsFlag    = flag.Int("chaos.procs", 3, "kami processes (2 or 3)")
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the processes' logs also when the campaign passes")
