@@ -71,6 +71,10 @@ type Config struct {
 	LogFormat                                              string // KAMI_LOG_FORMAT: text (default) or json
 	LogLevel                                               slog.Level
 	AlertWebhook                                           string // KAMI_ALERT_WEBHOOK: WeCom, DingTalk or Slack incoming webhook; empty: log only
+	// CloseCheckRetry (KAMI_CLOSE_CHECK_RETRY, default 1m) is how long a
+	// due order whose pre-close check had no clear answer from its gateway
+	// waits before it is checked again (domain.Shop.CheckRetry).
+	CloseCheckRetry time.Duration
 	// ProviderTimeout bounds each call to a payment gateway
 	// (KAMI_PROVIDER_TIMEOUT, default 10s).
 	ProviderTimeout time.Duration
@@ -189,6 +193,9 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	}
 	if c.Workers.Lease, err = duration(getenv("KAMI_QUEUE_LEASE"), 30*time.Second); err != nil || c.Workers.Lease < time.Second || c.Workers.Lease > time.Hour {
 		bad("KAMI_QUEUE_LEASE", "want a duration from 1s to 1h, like 30s")
+	}
+	if c.CloseCheckRetry, err = duration(getenv("KAMI_CLOSE_CHECK_RETRY"), domain.DefaultCheckRetry); err != nil || c.CloseCheckRetry < time.Second || c.CloseCheckRetry > time.Hour {
+		bad("KAMI_CLOSE_CHECK_RETRY", "want a duration from 1s to 1h, like 1m")
 	}
 	if c.ClockSkew, err = duration(getenv("KAMI_FAULT_CLOCK_SKEW"), 0); err != nil || c.ClockSkew < -time.Hour || c.ClockSkew > time.Hour {
 		bad("KAMI_FAULT_CLOCK_SKEW", "want a duration from -1h to 1h, like 3s (test-only)")

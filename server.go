@@ -311,7 +311,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	a.closers = append(a.closers, func(context.Context) error { events.Close(); return nil })
 	gate := queue.NewStockGate(rdb, a.keys, a.ledger)
 	a.shop = &domain.Shop{Ledger: a.ledger, Gate: gate, Scheduler: queue.NewScheduler(rdb, a.keys), Events: events,
-		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, ProviderTimeout: cfg.ProviderTimeout, Observer: a.metrics}
+		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, ProviderTimeout: cfg.ProviderTimeout, CheckRetry: cfg.CloseCheckRetry, Observer: a.metrics}
 	a.workers = queue.NewWorkers(cfg.Workers, rdb, a.keys, a.shop, a.ledger, logger)
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
 		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled}

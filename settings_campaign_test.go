@@ -7,7 +7,8 @@ import (
 )
 
 // TestCampaignSettings: the settings the fault campaign (chaos/) runs kami
-// with: the sweep interval, the queue lease and the test-only clock skew,
+// with: the sweep interval, the queue lease, the pre-close recheck and the
+// test-only clock skew,
 // with their defaults, and a bad value refused naming the setting.
 func TestCampaignSettings(t *testing.T) {
 	t.Parallel()
@@ -15,17 +16,17 @@ func TestCampaignSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Workers.SweepEvery != time.Minute || c.Workers.Lease != 30*time.Second || c.ClockSkew != 0 {
-		t.Fatalf("defaults: sweep %s, lease %s, skew %s", c.Workers.SweepEvery, c.Workers.Lease, c.ClockSkew)
+	if c.Workers.SweepEvery != time.Minute || c.Workers.Lease != 30*time.Second || c.ClockSkew != 0 || c.CloseCheckRetry != time.Minute {
+		t.Fatalf("defaults: sweep %s, lease %s, skew %s, check retry %s", c.Workers.SweepEvery, c.Workers.Lease, c.ClockSkew, c.CloseCheckRetry)
 	}
-	c, err = loadConfig(env{"KAMI_SWEEP_EVERY": "5s", "KAMI_QUEUE_LEASE": "7s", "KAMI_FAULT_CLOCK_SKEW": "-3s"}.get)
+	c, err = loadConfig(env{"KAMI_SWEEP_EVERY": "5s", "KAMI_QUEUE_LEASE": "7s", "KAMI_FAULT_CLOCK_SKEW": "-3s", "KAMI_CLOSE_CHECK_RETRY": "4s"}.get)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Workers.SweepEvery != 5*time.Second || c.Workers.Lease != 7*time.Second || c.ClockSkew != -3*time.Second {
-		t.Fatalf("sweep %s, lease %s, skew %s", c.Workers.SweepEvery, c.Workers.Lease, c.ClockSkew)
+	if c.Workers.SweepEvery != 5*time.Second || c.Workers.Lease != 7*time.Second || c.ClockSkew != -3*time.Second || c.CloseCheckRetry != 4*time.Second {
+		t.Fatalf("sweep %s, lease %s, skew %s, check retry %s", c.Workers.SweepEvery, c.Workers.Lease, c.ClockSkew, c.CloseCheckRetry)
 	}
-	for name, value := range map[string]string{"KAMI_SWEEP_EVERY": "0s", "KAMI_QUEUE_LEASE": "forever", "KAMI_FAULT_CLOCK_SKEW": "2h"} {
+	for name, value := range map[string]string{"KAMI_SWEEP_EVERY": "0s", "KAMI_QUEUE_LEASE": "forever", "KAMI_FAULT_CLOCK_SKEW": "2h", "KAMI_CLOSE_CHECK_RETRY": "1ms"} {
 		if _, err := loadConfig(env{name: value}.get); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%q: error %v does not name it", name, value, err)
 		}

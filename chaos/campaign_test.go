@@ -26,7 +26,7 @@ import (
 var (
 	seedFlag     = flag.Int64("chaos.seed", 0, "run one campaign with this seed (0: the default set)")
 	seedsFlag    = flag.Int("chaos.seeds", 0, "run this many campaigns: the fixed seed, then random ones")
-	durationFlag = flag.Duration("chaos.duration", 35*time.Second, "the faulty phase of each campaign")
+	durationFlag = flag.Duration("chaos.duration", 30*time.Second, "the faulty phase of each campaign")
 	buyersFlag   = flag.Int("chaos.buyers", 3, "buyers placing orders at once")
 	procsFlag    = flag.Int("chaos.procs", 3, "kami processes (2 or 3)")
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the processes' logs also when the campaign passes")
@@ -270,9 +270,9 @@ func (c *campaign) run() {
 	}
 	c.heal() // start again any process that died since
 
-	// One sweep after the last order fell due (and after the heal), plus
-	// a lease and a lease recovery for a claim that a killed process held,
-	// and 5 s for a busy machine.
+	// One sweep (or pre-close recheck, the same interval) after the last
+	// order fell due and after the heal, plus a lease and a lease recovery
+	// for a claim that a killed process held, and 5 s for a busy machine.
 	due := healed
 	c.mu.Lock()
 	for _, o := range c.orders {
@@ -281,7 +281,7 @@ func (c *campaign) run() {
 		}
 	}
 	c.mu.Unlock()
-	grace := sweepEvery + queueLease + 5*time.Second + 5*time.Second
+	grace := max(sweepEvery, checkRetry) + queueLease + 5*time.Second + 5*time.Second
 	time.Sleep(time.Until(due.Add(grace)))
 	c.checkNothingPending(grace)
 	c.checkCounters(context.Background(), "after one sweep")

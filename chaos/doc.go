@@ -12,10 +12,13 @@
 //
 // Flags: -chaos.seed=N (one campaign with that seed), -chaos.seeds=N (N
 // campaigns: the fixed seed, then N-1 random ones), -chaos.duration=3m (the
-// faulty phase of each campaign). Without flags: the fixed seed and one
-// random seed, about 75 s each. A failing seed prints itself; running it
-// again replays the same schedule (the same faults at the same moments and
-// the same buyers' choices; the machine's timing differs, so a race may
+// faulty phase of each campaign; default 30s), -chaos.skew=3s (the last
+// process's clock offset; default drawn from the seed), -chaos.procs,
+// -chaos.buyers, -chaos.race (kami built with the race detector),
+// -chaos.keep (keep the logs of a passing campaign). Without flags: the
+// fixed seed and one random seed, under 3 minutes in all. A failing seed
+// prints the command that replays it: the same faults at the same moments
+// and the same buyers' choices (the machine's timing differs, so a race may
 // need a few runs).
 //
 // Services: PostgreSQL at KAMI_TEST_POSTGRES_URL (a fresh database is

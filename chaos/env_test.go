@@ -40,6 +40,10 @@ const (
 	orderTTL   = 8 * time.Second
 	sweepEvery = 5 * time.Second
 	queueLease = 5 * time.Second
+	// checkRetry is how soon an order whose pre-close check had no clear
+	// answer is checked again: on the sweep's scale, like the default 1m
+	// beside the default 1m sweep.
+	checkRetry = sweepEvery
 	// refundBackoff is short, so that a gateway refusing refunds for a
 	// few seconds drives some refunds to FAILED.
 	refundBackoff   = "300ms,700ms,1500ms"
@@ -314,7 +318,8 @@ func (p *proc) environ() []string {
 		"KAMI_ORDER_TTL":                orderTTL.String(), "KAMI_REFUND_BACKOFF": refundBackoff,
 		"KAMI_PROVIDER_TIMEOUT": providerTimeout.String(),
 		"KAMI_SWEEP_EVERY":      sweepEvery.String(), "KAMI_QUEUE_LEASE": queueLease.String(),
-		"KAMI_RECONCILE_CRON": never, "KAMI_STATEMENT_CRON": never,
+		"KAMI_CLOSE_CHECK_RETRY": checkRetry.String(),
+		"KAMI_RECONCILE_CRON":    never, "KAMI_STATEMENT_CRON": never,
 		"KAMI_ALERT_WEBHOOK": e.alerts.url, "KAMI_LOG_FORMAT": "json",
 		// Every buyer comes from 127.0.0.1: no caps per address.
 		"KAMI_MAX_PENDING_PER_ADDRESS": "0", "KAMI_MAX_LOCKED_PER_ADDRESS": "0",
