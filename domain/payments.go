@@ -431,10 +431,12 @@ func refundNumber(cause RefundCause, orderNo, provider, tradeNo string) string {
 // exists: the unique refund_no makes a second insert for the same cause
 // impossible.
 func (l *Ledger) createRefund(ctx context.Context, tx bun.Tx, now time.Time, o *Order, provider, tradeNo string, amount int64, cause RefundCause, reason string) (*Refund, error) {
+	// A refund's due times (next_retry_at) are the database's clock, as
+	// the refund queue claims them (see DBTime).
 	r := &Refund{
 		RefundNo: refundNumber(cause, o.OrderNo, provider, tradeNo), OrderNo: o.OrderNo, Provider: provider,
 		TradeNo: tradeNo, Cause: cause, AmountFen: amount, PaidFen: amount, Reason: truncate(reason, 255),
-		Status: RefundProcessing, NextRetryAt: now, CreatedAt: now, UpdatedAt: now,
+		Status: RefundProcessing, NextRetryAt: l.DBTime(), CreatedAt: now, UpdatedAt: now,
 	}
 	exists, err := tx.NewSelect().Model((*Refund)(nil)).Where("refund_no = ?", r.RefundNo).Exists(ctx)
 	if err != nil {
@@ -617,7 +619,7 @@ func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attem
 		} else {
 			_, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
 				col("retry_count = ?", failures), col("last_error = ?", detail),
-				col("next_retry_at = ?", now.Add(l.cfg.RefundBackoff[failures-1])))
+				col("next_retry_at = ?", l.DBTime().Add(l.cfg.RefundBackoff[failures-1])))
 		}
 		if err != nil {
 			return err
@@ -646,7 +648,7 @@ func (l *Ledger) RefundAwaiting(ctx context.Context, refundNo string, attempt in
 	var r *Refund
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		now := l.now()
-		sets := []column{col("last_error = ?", truncate(detail, 512)), col("next_retry_at = ?", now.Add(l.refundPoll()))}
+		sets := []column{col("last_error = ?", truncate(detail, 512)), col("next_retry_at = ?", l.DBTime().Add(l.refundPoll()))}
 		if providerRefundID != "" {
 			sets = append(sets, col("provider_refund_id = ?", providerRefundID))
 		}
@@ -682,7 +684,7 @@ func (l *Ledger) RetryRefund(ctx context.Context, refundNo, actor string) (*Refu
 			return err
 		}
 		n, err := apply(ctx, tx, RefundRetry, now, whereRefundNo(refundNo),
-			col("retry_count = 0"), col("next_retry_at = ?", now), col("finished_at = NULL"))
+			col("retry_count = 0"), col("next_retry_at = ?", l.DBTime()), col("finished_at = NULL"))
 		if err != nil {
 			return err
 		}

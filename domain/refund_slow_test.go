@@ -80,3 +80,47 @@ func TestSlowRefundStaysProcessing(t *testing.T) {
 		}
 	})
 }
+
+// TestRefundDueByTheDatabaseClock: a refund is due by the database's clock,
+// the one its queue is claimed by, not by the process's own. In a process
+// whose clock runs an hour slow, a refund due now was answered "not due"
+// (ProcessRefund judged by the process's clock) and rescheduled at the
+// same due time, so the worker claimed it again at once, in a loop for the
+// hour; and the next look it recorded (the process's clock plus the slow
+// poll) was already an hour past, so the gateway was asked again at once.
+func TestRefundDueByTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		gw := slowRefundGateways(t)[1]
+		sb := newStatementBundle(t, db, gw, domain.Config{RefundBackoff: []time.Duration{time.Minute, 5 * time.Minute}})
+		o := sb.place(t)
+		sb.deliver(t, gw.pay(t, o.OrderNo, o.AmountFen))
+		r, err := sb.shop.RequestRefund(sb.ctx, o.OrderNo, "buyer asked", "admin") // a process with a true clock
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// This process's clock is an hour slow; its workers measured that.
+		sb.ledger.Now = func() time.Time { return sb.clock.Now().Add(-time.Hour) }
+		if err := sb.ledger.SyncClock(sb.ctx); err != nil {
+			t.Fatal(err)
+		}
+		cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(cur.LastError, "processing") {
+			t.Fatalf("a refund due by the database's clock was not attempted (last error %q, next look %v)", cur.LastError, cur.NextRetryAt)
+		}
+		if want := sb.clock.Now().Add(5 * time.Minute); !cur.NextRetryAt.Equal(want) {
+			t.Fatalf("next look at %v, want %v (the database's now plus the slow poll)", cur.NextRetryAt, want)
+		}
+		again, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !again.UpdatedAt.Equal(cur.UpdatedAt) {
+			t.Fatal("a refund polled again before its next look was attempted again")
+		}
+	})
+}

@@ -701,7 +701,7 @@ func (s *Shop) scheduleRefund(ctx context.Context, r *Refund) {
 	}
 	due := r.NextRetryAt
 	if due.IsZero() {
-		due = s.Ledger.now()
+		due = s.Ledger.DBTime()
 	}
 	if err := s.Scheduler.ScheduleRefund(ctx, r.RefundNo, due); err != nil {
 		s.log().WarnContext(ctx, "schedule refund failed; the sweeper will", "refund", r.RefundNo, "err", err)
@@ -761,7 +761,10 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	if err != nil {
 		return nil, err
 	}
-	if r.Status != RefundProcessing || r.NextRetryAt.After(s.Ledger.now().Add(time.Second)) {
+	// Due by the database's clock, as the refund queue claimed it: by
+	// this process's own, a slow clock would answer "not due" to a claim
+	// in a loop.
+	if r.Status != RefundProcessing || r.NextRetryAt.After(s.Ledger.DBTime().Add(time.Second)) {
 		return r, nil
 	}
 	p, ok := s.Providers.Get(r.Provider)
