@@ -550,6 +550,7 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 	var wg sync.WaitGroup
 	var skipped, breakerOpen int
 	failures, cooldown := s.breakerLimits()
+	probes := map[string]chan struct{}{} // provider → closed when its breaker's probe has answered
 	for i, no := range orderNos {
 		verdicts[i] = tradeNotPaid
 		o := dueByNo[no]
@@ -564,17 +565,43 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 			s.log().WarnContext(ctx, "closing without a trade check: provider not enabled", "order", no, "provider", o.Provider)
 			continue
 		}
-		allowed, probe := s.breaker(p.Name()).allow(s.Ledger.now(), failures, cooldown)
+		br := s.breaker(p.Name())
+		allowed, probe := br.allow(s.Ledger.now(), failures, cooldown)
+		if probed := probes[p.Name()]; !allowed && probed != nil {
+			// This provider's probe is under way in this batch: its
+			// answer decides whether this order is checked or deferred,
+			// while the other providers' orders go on.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				verdicts[i] = tradeUnsure
+				select {
+				case <-probed:
+				case <-bctx.Done():
+					return
+				}
+				if ok, _ := br.allow(s.Ledger.now(), failures, cooldown); !ok {
+					return
+				}
+				select {
+				case sem <- struct{}{}:
+				case <-bctx.Done():
+					return
+				}
+				defer func() { <-sem }()
+				verdicts[i], status[i] = s.checkTrade(bctx, p, o, timeout)
+			}()
+			continue
+		}
 		if !allowed {
 			verdicts[i] = tradeUnsure
 			breakerOpen++
 			continue
 		}
+		var answered chan struct{}
 		if probe {
-			// Its answer decides, before any other order of this
-			// provider is tried, whether they are called or deferred.
-			verdicts[i], status[i] = s.checkTrade(bctx, p, o, timeout)
-			continue
+			answered = make(chan struct{})
+			probes[p.Name()] = answered
 		}
 		if bctx.Err() == nil {
 			select {
@@ -585,12 +612,18 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 		if bctx.Err() != nil {
 			verdicts[i] = tradeUnsure
 			skipped++
+			if answered != nil {
+				close(answered)
+			}
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			if answered != nil {
+				defer close(answered)
+			}
 			verdicts[i], status[i] = s.checkTrade(bctx, p, o, timeout)
 		}()
 	}

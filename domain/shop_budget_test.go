@@ -214,3 +214,41 @@ func TestProviderBreakerProbesOnce(t *testing.T) {
 		b.mustAudit(t)
 	})
 }
+
+// TestBreakerProbeHoldsUpNoOtherProvider: the probe of a cooled-down
+// breaker is answered before its own provider's other orders are tried,
+// but the other providers' orders do not wait for it: a probe that hangs
+// for the check's whole budget leaves them checked and closed.
+func TestBreakerProbeHoldsUpNoOtherProvider(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+		p := b.product(t, 500, 40)
+		down := newCountedGateway(t, "down", time.Hour)
+		up := newCountedGateway(t, "up", time.Second)
+		down.InjectFault(fault.OpQueryPayment, fault.Server5xx, 0)
+		shop := checkingShop(b, down, up)
+		shop.ProviderTimeout = time.Hour
+		shop.BreakerFailures, shop.BreakerCooldown = 1, time.Minute
+		downNos := b.placeWith(t, p, "down", 3)
+		b.clock.Advance(2 * time.Second) // later order numbers: checked after the probe
+		upNos := b.placeWith(t, p, "up", 5)
+		b.clock.Advance(2 * time.Minute)
+		if _, err := shop.CloseOrders(b.ctx, downNos[:1], domain.CloseTimeout); err != nil { // opens it
+			t.Fatal(err)
+		}
+
+		// Cooled down; the probe now hangs for the whole budget.
+		down.InjectFault(fault.OpQueryPayment, fault.Timeout, 0)
+		b.clock.Advance(time.Minute)
+		shop.CheckBudget = 5 * time.Second // how long the probe hangs, not a speed
+		rs, err := shop.CloseOrders(b.ctx, append(downNos[1:], upNos...), domain.CloseTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := outcomes(rs); o[domain.Closed] != len(upNos) || o[domain.CloseDeferred] != len(downNos)-1 {
+			t.Fatalf("outcomes %v, want the %d orders of the answering provider closed, the other %d deferred", o, len(upNos), len(downNos)-1)
+		}
+		b.mustAudit(t)
+	})
+}
