@@ -328,11 +328,13 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 				return nil, err
 			}
 		}
-		if orderNos, decided, err = s.preClose(ctx, orderNos, dueBy); err != nil {
+		closeNow, checked, err := s.preClose(ctx, orderNos, dueBy)
+		if err != nil {
 			// Nothing could be checked: nothing is closed.
 			s.observer().CloseFailed(len(orderNos))
 			return nil, err
 		}
+		orderNos, decided = closeNow, checked
 	}
 	rs, err := s.Ledger.closeDueBy(ctx, orderNos, reason, dueBy)
 	if err != nil {

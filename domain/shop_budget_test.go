@@ -168,3 +168,49 @@ func TestProviderBreaker(t *testing.T) {
 		b.mustAudit(t)
 	})
 }
+
+// TestProviderBreakerProbesOnce: once a provider's breaker has cooled
+// down, one call goes through to see whether the provider is back; the
+// other orders of the batch are deferred without a call until that one
+// answers. Here the provider still hangs: the probe times out, the
+// breaker opens again, and the batch made that one call, not one per
+// free slot of the check (16 calls, each held a whole timeout).
+func TestProviderBreakerProbesOnce(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+		p := b.product(t, 500, 40)
+		down := newCountedGateway(t, "down", 200*time.Millisecond)
+		down.InjectFault(fault.OpQueryPayment, fault.Timeout, 0)
+		shop := checkingShop(b, down)
+		shop.ProviderTimeout, shop.CheckBudget = time.Hour, time.Hour
+		shop.BreakerFailures, shop.BreakerCooldown = 1, time.Minute
+		nos := b.placeWith(t, p, "down", 30)
+		b.clock.Advance(2 * time.Minute)
+
+		// Open it: the first call fails.
+		if _, err := shop.CloseOrders(b.ctx, nos[:1], domain.CloseTimeout); err != nil {
+			t.Fatal(err)
+		}
+		if b.alerts.count("provider_unavailable") != 1 {
+			t.Fatalf("alerts %v, want one provider_unavailable", b.alerts.kinds())
+		}
+
+		b.clock.Advance(time.Minute)
+		before := down.calls.Load()
+		rs, err := shop.CloseOrders(b.ctx, nos[1:], domain.CloseTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := outcomes(rs); o[domain.CloseDeferred] != len(nos)-1 {
+			t.Fatalf("outcomes %v, want all %d deferred", o, len(nos)-1)
+		}
+		if n := down.calls.Load() - before; n != 1 {
+			t.Fatalf("%d calls to a provider still down after its cooldown; want the one probe", n)
+		}
+		if b.alerts.count("provider_unavailable") != 1 {
+			t.Fatalf("alerts %v: the failed probe alerted again", b.alerts.kinds())
+		}
+		b.mustAudit(t)
+	})
+}

@@ -205,10 +205,17 @@ func TestUncheckedOrdersAreNotClosed(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
 		b, fail, _, shop, o := paidDueOrder(t, db)
+		obs := &closeFailures{}
+		shop.Observer = obs
 
 		fail.arm("orders", 1) // the check's first read
 		if r, err := closeOne(t, shop, b.ctx, o.OrderNo); err == nil && r.Outcome == domain.Closed {
 			t.Fatalf("an order nobody checked was closed: %+v", r)
+		}
+		// The failed batch is counted (kami_close_failures_total,
+		// closeSuccessRate): a check that cannot read is a close failure.
+		if n := obs.orders.Load(); n != 1 {
+			t.Fatalf("close failures counted for %d orders, want 1", n)
 		}
 		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderPending {
 			t.Fatalf("order %s after its check could not run; want PENDING", got.Status)
@@ -222,6 +229,19 @@ func TestUncheckedOrdersAreNotClosed(t *testing.T) {
 		b.mustAudit(t)
 	})
 }
+
+// closeFailures is an Observer that counts the orders of failed close
+// batches.
+type closeFailures struct {
+	orders atomic.Int64
+}
+
+func (o *closeFailures) OrderPlaced()                                                       {}
+func (o *closeFailures) OrderRefused(string)                                                {}
+func (o *closeFailures) OrderClosed(domain.CloseReason, domain.CloseOutcome, time.Duration) {}
+func (o *closeFailures) CloseFailed(orders int)                                             { o.orders.Add(int64(orders)) }
+func (o *closeFailures) PaymentRecorded(domain.PaymentOutcome)                              {}
+func (o *closeFailures) RefundAttempt(string, int)                                          {}
 
 // payDuringQuery is a real gateway client whose first trade query is
 // answered as of just before the buyer paid: the payment lands between
