@@ -413,21 +413,32 @@ type breaker struct {
 	openUntil time.Time // no calls before this
 }
 
-// allow reports whether the provider may be called at now.
-func (b *breaker) allow(now time.Time) bool {
+// allow reports whether the provider may be called at now. Once open and
+// cooled down, one call goes through (probe): the breaker stays shut to
+// the others for another cooldown, unless the probe succeeds first.
+// Without this, every slot of the check would call the provider at once
+// and each wait a whole timeout.
+func (b *breaker) allow(now time.Time, failures int, cooldown time.Duration) (allowed, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return !now.Before(b.openUntil)
+	if now.Before(b.openUntil) {
+		return false, false
+	}
+	if b.fails >= failures {
+		b.openUntil = now.Add(cooldown)
+		return true, true
+	}
+	return true, false
 }
 
 // record notes a call's outcome, and reports whether this failure opened
-// the breaker. Once open and cooled down, one call goes through: a
-// success closes it, a failure opens it again at once.
+// the breaker. A success closes it; a failed probe leaves it open (no
+// second alert).
 func (b *breaker) record(failed bool, now time.Time, failures int, cooldown time.Duration) (opened bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !failed {
-		b.fails = 0
+		b.fails, b.openUntil = 0, time.Time{}
 		return false
 	}
 	b.fails++
@@ -436,6 +447,18 @@ func (b *breaker) record(failed bool, now time.Time, failures int, cooldown time
 		return true
 	}
 	return false
+}
+
+// breakerLimits are BreakerFailures and BreakerCooldown, or their defaults.
+func (s *Shop) breakerLimits() (failures int, cooldown time.Duration) {
+	failures, cooldown = s.BreakerFailures, s.BreakerCooldown
+	if failures <= 0 {
+		failures = DefaultBreakerFailures
+	}
+	if cooldown <= 0 {
+		cooldown = DefaultBreakerCooldown
+	}
+	return failures, cooldown
 }
 
 func (s *Shop) breaker(provider string) *breaker {
@@ -450,13 +473,7 @@ func (s *Shop) providerCalled(ctx context.Context, p providers.Provider, err err
 	if ctx.Err() != nil {
 		return
 	}
-	failures, cooldown := s.BreakerFailures, s.BreakerCooldown
-	if failures <= 0 {
-		failures = DefaultBreakerFailures
-	}
-	if cooldown <= 0 {
-		cooldown = DefaultBreakerCooldown
-	}
+	failures, cooldown := s.breakerLimits()
 	failed := err != nil && providers.KindOf(err) == providers.Temporary
 	if s.breaker(p.Name()).record(failed, s.Ledger.now(), failures, cooldown) {
 		msg := fmt.Sprintf("%d calls in a row failed; its orders are not checked, and so not closed, for %s", failures, cooldown)
@@ -532,6 +549,7 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	var skipped, breakerOpen int
+	failures, cooldown := s.breakerLimits()
 	for i, no := range orderNos {
 		verdicts[i] = tradeNotPaid
 		o := dueByNo[no]
@@ -546,9 +564,16 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 			s.log().WarnContext(ctx, "closing without a trade check: provider not enabled", "order", no, "provider", o.Provider)
 			continue
 		}
-		if !s.breaker(p.Name()).allow(s.Ledger.now()) {
+		allowed, probe := s.breaker(p.Name()).allow(s.Ledger.now(), failures, cooldown)
+		if !allowed {
 			verdicts[i] = tradeUnsure
 			breakerOpen++
+			continue
+		}
+		if probe {
+			// Its answer decides, before any other order of this
+			// provider is tried, whether they are called or deferred.
+			verdicts[i], status[i] = s.checkTrade(bctx, p, o, timeout)
 			continue
 		}
 		if bctx.Err() == nil {
