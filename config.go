@@ -208,8 +208,12 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	}
 	c.ReconcileCron = or(getenv("KAMI_RECONCILE_CRON"), "0 30 3 * * *")
 	c.StatementCron = or(getenv("KAMI_STATEMENT_CRON"), "CRON_TZ=Asia/Shanghai 0 30 10 * * *")
-	if _, err := cronParser.Parse(c.StatementCron); err != nil {
-		bad("KAMI_STATEMENT_CRON", "want a cron spec with seconds, like CRON_TZ=Asia/Shanghai 0 30 10 * * *")
+	// Both are checked here, with the other settings, so that a bad one
+	// stops every command (migrate, audit too) before anything is touched.
+	for name, spec := range map[string]string{"KAMI_RECONCILE_CRON": c.ReconcileCron, "KAMI_STATEMENT_CRON": c.StatementCron} {
+		if _, err := cronParser.Parse(spec); err != nil {
+			bad(name, "want a cron spec with seconds, like 0 30 3 * * * or CRON_TZ=Asia/Shanghai 0 30 10 * * *")
+		}
 	}
 	switch lp := domain.LatePaymentPolicy(or(getenv("KAMI_LATE_PAYMENT"), string(domain.LateRefund))); lp {
 	case domain.LateRefund, domain.LateDeliver:

@@ -407,7 +407,9 @@ func (c *campaign) checkEarly() {
 }
 
 // checkNothingPending: no order is PENDING once its time and one sweep (and
-// a lease, for a claim a killed process held) have passed.
+// a lease, for a claim a killed process held) have passed. It runs once the
+// last order's time and that grace have passed, and no sooner than the
+// pre-close circuit breaker's cooldown after the heal.
 func (c *campaign) checkNothingPending(grace time.Duration) {
 	rows, err := c.env.db.Query(`SELECT order_no, provider, expires_at FROM orders WHERE status = 'PENDING' ORDER BY expires_at`)
 	if err != nil {

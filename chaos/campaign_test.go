@@ -20,13 +20,14 @@ import (
 	"testing"
 	"time"
 
+	"kami/domain"
 	"kami/providers"
 )
 
 var (
 	seedFlag     = flag.Int64("chaos.seed", 0, "run one campaign with this seed (0: the default set)")
 	seedsFlag    = flag.Int("chaos.seeds", 0, "run this many campaigns: the fixed seed, then random ones")
-	durationFlag = flag.Duration("chaos.duration", 30*time.Second, "the faulty phase of each campaign")
+	durationFlag = flag.Duration("chaos.duration", 25*time.Second, "the faulty phase of each campaign")
 	buyersFlag   = flag.Int("chaos.buyers", 3, "buyers placing orders at once")
 	procsFlag    = flag.Int("chaos.procs", 3, "kami processes (2 or 3)")
 	keepFlag     = flag.Bool("chaos.keep", false, "keep the processes' logs also when the campaign passes")
@@ -282,7 +283,12 @@ func (c *campaign) run() {
 	}
 	c.mu.Unlock()
 	grace := max(sweepEvery, checkRetry) + queueLease + 5*time.Second + 5*time.Second
+	// A gateway that kept failing until the heal is not asked again for
+	// its circuit breaker's cooldown: its due orders may wait that long
+	// (and a recheck) after the heal.
+	breaker := healed.Add(domain.DefaultBreakerCooldown + checkRetry + 5*time.Second)
 	time.Sleep(time.Until(due.Add(grace)))
+	time.Sleep(time.Until(breaker))
 	c.checkNothingPending(grace)
 	c.checkCounters(context.Background(), "after one sweep")
 	c.checkAcknowledged()

@@ -12,7 +12,7 @@
 //
 // Flags: -chaos.seed=N (one campaign with that seed), -chaos.seeds=N (N
 // campaigns: the fixed seed, then N-1 random ones), -chaos.duration=3m (the
-// faulty phase of each campaign; default 30s), -chaos.skew=3s (the last
+// faulty phase of each campaign; default 25s), -chaos.skew=3s (the last
 // process's clock offset; default drawn from the seed), -chaos.procs,
 // -chaos.buyers, -chaos.race (kami built with the race detector),
 // -chaos.keep (keep the logs of a passing campaign). Without flags: the

@@ -46,3 +46,7 @@ func (l *Ledger) QueuedPlacesForTest() int { return l.placer.Queued() }
 // SetMaxQueuedPlacesForTest bounds the PlaceOrder calls waiting for a
 // batch; call it before the ledger is used.
 func (l *Ledger) SetMaxQueuedPlacesForTest(n int) { l.placer.MaxQueued = n }
+
+// SetPlaceTimeoutForTest bounds each placement batch's work; call it
+// before the ledger is used.
+func (l *Ledger) SetPlaceTimeoutForTest(d time.Duration) { l.placer.Timeout = d }

@@ -310,3 +310,81 @@ type noHook struct{}
 
 func (noHook) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
 func (noHook) AfterQuery(context.Context, *bun.QueryEvent)                        {}
+
+// TestBatchPastItsDeadlineGivesEveryAdmissionBack: a shared placement of
+// several buyers that fails because its time ran out (the database held
+// it) answers every buyer with an error, and each admission goes back to
+// the stock gate; no order is left.
+func TestBatchPastItsDeadlineGivesEveryAdmissionBack(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		// The first placement is held until released; the next one (the
+		// shared batch of the two queued meanwhile) until its time is up.
+		held := make(chan struct{})
+		hook := newStallHook(isCardLock)
+		late := &deadlineHook{match: isCardLock, held: held}
+		// late sees each query before hook does, so the query hook holds
+		// is not late's too.
+		b, shop, gate, p := placeShop(t, db, hooks{late, hook}, 5, 5)
+		// A short deadline, waited for (never assumed): the first batch,
+		// held until released, may run past it too, and then fails alike.
+		b.ledger.SetPlaceTimeoutForTest(time.Second)
+		first := placeStalled(t, shop, hook, p)
+		shared := []<-chan error{placeAsync(b.ctx, shop, p, "second@example.com"), placeAsync(b.ctx, shop, p, "third@example.com")}
+		waitFor(t, "two queued placements", func() bool { return b.ledger.QueuedPlacesForTest() == 2 })
+		late.armed.Store(true)
+		close(hook.release)
+		placed := 0
+		if err := receive(t, "the first placement's answer", first); err == nil {
+			placed = 1
+		}
+		receive(t, "the shared batch held", held)
+		for i, c := range shared {
+			if err := receive(t, "a shared placement's answer", c); err == nil {
+				t.Fatalf("shared placement %d succeeded past its batch's deadline", i)
+			}
+		}
+		if got := gate.count(p.ID); got != 5-placed {
+			t.Fatalf("stock gate %d with %d order placed, want %d", got, placed, 5-placed)
+		}
+		if n := b.orderCount(t); n != placed {
+			t.Fatalf("%d orders, want %d", n, placed)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// deadlineHook holds the first query match accepts, once armed, until the
+// query's context ends: a database that answers only after the batch's
+// time is up.
+type deadlineHook struct {
+	match func(string) bool
+	armed atomic.Bool
+	held  chan struct{} // closed when the query is held
+}
+
+func (h *deadlineHook) BeforeQuery(ctx context.Context, e *bun.QueryEvent) context.Context {
+	if h.match(e.Query) && h.armed.CompareAndSwap(true, false) {
+		close(h.held)
+		<-ctx.Done()
+	}
+	return ctx
+}
+
+func (h *deadlineHook) AfterQuery(context.Context, *bun.QueryEvent) {}
+
+// hooks runs several query hooks in turn.
+type hooks []bun.QueryHook
+
+func (hs hooks) BeforeQuery(ctx context.Context, e *bun.QueryEvent) context.Context {
+	for _, h := range hs {
+		ctx = h.BeforeQuery(ctx, e)
+	}
+	return ctx
+}
+
+func (hs hooks) AfterQuery(ctx context.Context, e *bun.QueryEvent) {
+	for _, h := range hs {
+		h.AfterQuery(ctx, e)
+	}
+}

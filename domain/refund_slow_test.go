@@ -9,6 +9,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/providers/fault"
 )
 
 // TestSlowRefundStaysProcessing: a refund the gateway accepted and is
@@ -33,13 +34,18 @@ func TestSlowRefundStaysProcessing(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// More polls than the backoff has steps.
-				for i := range len(backoff) + 3 {
+				// More polls than the backoff has steps, and every other
+				// query unanswered (a 5xx): a refund the gateway accepted
+				// is not failing when a look at it fails.
+				for i := range 2*len(backoff) + 3 {
+					if i%2 == 1 {
+						gw.fault(fault.OpQueryRefund, fault.Server5xx, 1)
+					}
 					cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
 					if err != nil {
 						t.Fatal(err)
 					}
-					if cur.Status != domain.RefundProcessing || cur.RetryCount != 0 || !strings.Contains(cur.LastError, "processing") {
+					if cur.Status != domain.RefundProcessing || cur.RetryCount != 0 || !strings.Contains(cur.LastError, "processing") && i%2 == 0 {
 						t.Fatalf("poll %d of a refund the gateway is processing: %s, %d failed attempts, %q", i+1, cur.Status, cur.RetryCount, cur.LastError)
 					}
 					if want := sb.clock.Now().Add(5 * time.Minute); !cur.NextRetryAt.Equal(want) {

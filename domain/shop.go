@@ -836,6 +836,11 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	if r.RetryCount > 0 || r.ProviderRefundID != "" {
 		res, err := p.QueryRefund(ctx, req)
 		switch {
+		case err != nil && r.ProviderRefundID != "":
+			// The gateway accepted this refund before: an unanswered look
+			// at it is no failed attempt. It stays PROCESSING on the slow
+			// poll (a day of that is the stale-refund alert).
+			return s.refundAwaiting(ctx, r, providers.RefundResult{}, "refund query: "+errorDetail(err)+"; accepted by the provider before, still awaited")
 		case err != nil:
 			// The state is unknown: do not refund blind.
 			return s.refundFailed(ctx, r, "refund query: "+errorDetail(err))

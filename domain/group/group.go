@@ -31,6 +31,8 @@ import (
 type Batcher[In, Out any] struct {
 	MaxLeaders int // batches served at once; at least 1
 	MaxBatch   int // calls in one batch; 0: no limit
+	// Timeout bounds one batch's work; 0: DefaultTimeout.
+	Timeout time.Duration
 	// MaxQueued bounds the calls waiting for a batch: a call that finds
 	// that many waiting is refused at once with ErrFull rather than queued
 	// behind work that cannot finish in time (a stalled database). 0: no
@@ -68,9 +70,9 @@ var ErrFull = errors.New("group: too many calls are waiting")
 // unknown, so it holds nothing it can rely on).
 var ErrNoAnswer = errors.New("group: the batch left this call without an answer")
 
-// Timeout bounds one batch's work. A batch runs for callers other than its
-// leader, so it must not stop when the leader's request does.
-const Timeout = 30 * time.Second
+// DefaultTimeout bounds one batch's work. A batch runs for callers other
+// than its leader, so it must not stop when the leader's request does.
+const DefaultTimeout = 30 * time.Second
 
 // Do queues in and returns its answer.
 //
@@ -184,7 +186,11 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	for i, c := range live {
 		ins[i] = c.in
 	}
-	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Timeout)
+	timeout := b.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	answered := 0 // live[:answered] have their answer
 	defer func() {
