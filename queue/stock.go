@@ -209,7 +209,8 @@ func (g *StockGate) Repair(ctx context.Context, productID int64) (int, error) {
 // refuses the sale the counter admits.
 //
 // It reports how many missing counters it rebuilt and how many wrong ones
-// it repaired.
+// it repaired, and the errors of the products it could not check, joined:
+// a failed product does not keep the others from being checked.
 func (g *StockGate) Check(ctx context.Context, ids []int64) (rebuilt, repaired int, err error) {
 	if len(ids) == 0 {
 		return 0, 0, nil
@@ -226,24 +227,30 @@ func (g *StockGate) Check(ctx context.Context, ids []int64) (rebuilt, repaired i
 	if err != nil {
 		return 0, 0, fmt.Errorf("count stock: %w", err)
 	}
+	// One product's failure (another process holding its rebuild lock
+	// longer than RebuildWait, a count that failed) does not stop the
+	// others: their wrong counters would wait a whole sweep for it.
+	var errs []error
 	for i, id := range ids {
 		v, err := gets[i].Int()
 		switch {
 		case errors.Is(err, redis.Nil):
 			if err := g.ensure(ctx, id); err != nil {
-				return rebuilt, repaired, err
+				errs = append(errs, err)
+				continue
 			}
 			rebuilt++
 		case err != nil:
-			return rebuilt, repaired, fmt.Errorf("stock counter of product %d: %w", id, err)
+			errs = append(errs, fmt.Errorf("stock counter of product %d: %w", id, err))
 		case v != counts[id]:
 			if _, err := g.Repair(ctx, id); err != nil {
-				return rebuilt, repaired, err
+				errs = append(errs, err)
+				continue
 			}
 			repaired++
 		}
 	}
-	return rebuilt, repaired, nil
+	return rebuilt, repaired, errors.Join(errs...)
 }
 
 // ensure sees to it that the product's counter exists. In this process one

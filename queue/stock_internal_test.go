@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +102,46 @@ func TestRepairLosesNoConcurrentTakeOrGiveBack(t *testing.T) {
 		if m.Exists(keys.StockRebuildLock(7)) || m.Exists(keys.StockRebuildPending(7)) {
 			t.Error("the repair left its lock or its pending sum behind")
 		}
+	}
+}
+
+// TestCheckGoesOnPastAFailedProduct: one product Check cannot rebuild
+// (another process holds its rebuild lock past RebuildWait) does not stop
+// the check of the products after it. Before, Check returned at the first
+// error and the later products' wrong counters waited for the next sweep.
+func TestCheckGoesOnPastAFailedProduct(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
+		return map[int64]int{7: 10, 8: 50, 9: 20}, nil
+	})
+	// The failure is a timeout by design (RebuildWait), not a race: the
+	// lock is never released, so product 7 fails however slow the machine.
+	g.RebuildWait = 20 * time.Millisecond
+	if err := rdb.Set(ctx, keys.StockRebuildLock(7), "another-process", 0).Err(); err != nil { // 7: missing, lock held elsewhere
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, keys.Stock(8), 5, 0).Err(); err != nil { // 8: wrong
+		t.Fatal(err)
+	}
+	// 9: missing, free to rebuild.
+	rebuilt, repaired, err := g.Check(ctx, []int64{7, 8, 9})
+	if err == nil || !strings.Contains(err.Error(), "product 7") {
+		t.Errorf("Check error %v, want product 7's", err)
+	}
+	if rebuilt != 1 || repaired != 1 {
+		t.Errorf("rebuilt %d repaired %d, want 1 and 1 (products 9 and 8)", rebuilt, repaired)
+	}
+	for id, want := range map[int64]int{8: 50, 9: 20} {
+		if n, ok, err := g.Counter(ctx, id); err != nil || !ok || n != want {
+			t.Errorf("counter of product %d: %d %v %v, want %d", id, n, ok, err, want)
+		}
+	}
+	if m.Exists(keys.Stock(7)) {
+		t.Error("product 7's counter was built while another process held its rebuild lock")
 	}
 }
