@@ -245,6 +245,21 @@ func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *Place
 		if !placed.Replayed {
 			s.cancelUnpayable(ctx, o)
 		}
+		if providers.KindOf(err) == providers.Rejected {
+			// The gateway answered, and refused (a merchant account it
+			// suspended, a limit of its own): "did not answer" would be
+			// untrue. Its own text stays in the log; the buyer learns
+			// that it refused and that the order is cancelled, so a new
+			// order, perhaps with another provider, is the way on.
+			// UNAVAILABLE still fits: kami cannot take this payment now,
+			// and the same request may succeed once the provider accepts
+			// again.
+			if placed.Replayed {
+				// A retry leaves the buyer's live order alone (above).
+				return nil, Errorf(EUNAVAILABLE, "%s refused to create the payment for order %s; try again later, or place a new order with another payment provider", p.Name(), o.OrderNo)
+			}
+			return nil, Errorf(EUNAVAILABLE, "%s refused to create the payment for order %s, which is cancelled; place a new order, or try another payment provider", p.Name(), o.OrderNo)
+		}
 		return nil, Errorf(EUNAVAILABLE, "the payment provider did not answer; try again")
 	}
 	return &Checkout{PlacedOrder: placed, Payment: action}, nil
