@@ -247,6 +247,18 @@ func warnSandbox(cfg *Config, logger *slog.Logger) {
 	}
 }
 
+// warnClockSkew says loudly at start that the ledger's clock is moved by
+// the fault campaign's test-only setting: in a shop it would close orders
+// early or late and judge every due time wrong.
+func warnClockSkew(cfg *Config, logger *slog.Logger) {
+	if cfg.ClockSkew == 0 {
+		return
+	}
+	logger.Error("THE LEDGER'S CLOCK IS SKEWED: KAMI_FAULT_CLOCK_SKEW is set, a test-only setting for the fault campaign (chaos/); "+
+		"orders are closed and due times judged by a clock that is off; never set it in a shop", "setting", "KAMI_FAULT_CLOCK_SKEW",
+		"skew", cfg.ClockSkew.String())
+}
+
 // app is one kami server process, built from a Config.
 type app struct {
 	cfg        *Config
@@ -305,6 +317,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	}
 	a.sandbox = sb
 	warnSandbox(cfg, logger)
+	warnClockSkew(cfg, logger)
 	events := queue.NewEvents(rdb, a.keys, logger)
 	events.Statuses, events.PollInterval = a.ledger.OrderStatuses, cfg.SubscriptionPoll
 	a.events = events

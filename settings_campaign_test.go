@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 )
 
 // TestCampaignSettings: the settings the fault campaign (chaos/) runs kami
@@ -47,5 +52,40 @@ func TestCampaignSettings(t *testing.T) {
 	}
 	if d := time.Until(l.Now()); d < 59*time.Minute || d > 61*time.Minute {
 		t.Fatalf("the ledger's clock is %s off, want 1h", d)
+	}
+}
+
+// TestClockSkewWarnedAtStart: a process started with KAMI_FAULT_CLOCK_SKEW
+// (test-only, the fault campaign's) says so at error level, naming the
+// setting; one started without it says nothing of it. Before, a shop that
+// set it by mistake ran with a skewed clock and no word in its log.
+func TestClockSkewWarnedAtStart(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []string{"", "3s"} {
+		cfg, err := loadConfig(env{"KAMI_DATA_DIR": t.TempDir(), "KAMI_DATABASE_URL": dbtest.URL(t, dbtest.SQLite),
+			"KAMI_SANDBOX_SECRET": "test-secret", "KAMI_PUBLIC_URL": "http://kami.test", "KAMI_ADMIN_TOKEN": testAdminToken,
+			"KAMI_FAULT_CLOCK_SKEW": skew}.get)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs domaintest.LogBuffer
+		a, err := newApp(t.Context(), cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Close(context.Background())
+		var warned []string
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "KAMI_FAULT_CLOCK_SKEW") {
+				warned = append(warned, line)
+			}
+		}
+		switch {
+		case skew == "" && len(warned) > 0:
+			t.Errorf("no skew set, yet the start logged %q", warned)
+		case skew != "" && (len(warned) != 1 || !strings.Contains(warned[0], `"level":"ERROR"`) ||
+			!strings.Contains(warned[0], "fault campaign") || !strings.Contains(warned[0], `"setting":"KAMI_FAULT_CLOCK_SKEW"`)):
+			t.Errorf("KAMI_FAULT_CLOCK_SKEW=%s: start logged %q, want one ERROR line naming the setting and the fault campaign", skew, warned)
+		}
 	}
 }
