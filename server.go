@@ -133,6 +133,7 @@ func reconcileCommand(ctx context.Context, cfg *Config, logger *slog.Logger, std
 		return err
 	}
 	defer a.Close(context.Background())
+	a.reconciler.Log = nil // its summary is printed once, on stdout
 	run, err := a.reconciler.Run(ctx)
 	if errors.Is(err, domain.ErrReconcileRunning) {
 		return errors.New("reconcile: another process is running it right now; nothing done")
@@ -327,7 +328,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, ProviderTimeout: cfg.ProviderTimeout, CheckRetry: cfg.CloseCheckRetry, Observer: a.metrics}
 	a.workers = queue.NewWorkers(cfg.Workers, rdb, a.keys, a.shop, a.ledger, logger)
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
-		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled}
+		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled, Log: logger}
 	a.statements = &domain.StatementReconciler{Shop: a.shop, Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts,
 		ManualOnly: []string{sandbox.Name}, OnRun: a.metrics.StatementRun}
 	a.handler = a.routes(events)
@@ -368,21 +369,10 @@ func (a *app) start(ctx context.Context) error {
 	return nil
 }
 
-// reconcile runs the reconciliation once and logs its one summary line
-// (the nightly run; `kami reconcile` prints its summary instead).
+// reconcile runs the reconciliation once: the nightly run. Its summary
+// line is logged by the Reconciler, as an admin's run is.
 func (a *app) reconcile(ctx context.Context) (*domain.ReconcileRun, error) {
-	run, err := a.reconciler.Run(ctx)
-	switch {
-	case errors.Is(err, domain.ErrReconcileRunning):
-		a.log.Info("reconcile skipped: another process is running it")
-	case err != nil:
-		a.log.Error("reconcile failed", "err", err)
-	case run.Error != "":
-		a.log.Error("reconcile: "+run.Summary, "errors", run.Error)
-	default:
-		a.log.Info("reconcile: " + run.Summary)
-	}
-	return run, err
+	return a.reconciler.Run(ctx)
 }
 
 // reconcileStatements runs the scheduled statement reconciliation; each

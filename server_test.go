@@ -96,6 +96,13 @@ func newTestApp(t *testing.T, k dbtest.Kind, extra env) *testApp {
 // newTestAppWith is newTestApp with the loaded Config changed by mod.
 func newTestAppWith(t *testing.T, k dbtest.Kind, extra env, mod func(*Config)) *testApp {
 	t.Helper()
+	return newTestAppLogging(t, k, extra, mod, io.Discard)
+}
+
+// newTestAppLogging is newTestAppWith with the app's log (JSON) written to
+// logs.
+func newTestAppLogging(t *testing.T, k dbtest.Kind, extra env, mod func(*Config), logs io.Writer) *testApp {
+	t.Helper()
 	e := env{"KAMI_DATA_DIR": t.TempDir(), "KAMI_DATABASE_URL": dbtest.URL(t, k), "KAMI_SANDBOX_SECRET": "test-secret",
 		"KAMI_PUBLIC_URL": "http://kami.test", "KAMI_ADMIN_TOKEN": testAdminToken}
 	for k, v := range extra {
@@ -108,7 +115,7 @@ func newTestAppWith(t *testing.T, k dbtest.Kind, extra env, mod func(*Config)) *
 	if mod != nil {
 		mod(cfg)
 	}
-	a, err := newApp(t.Context(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a, err := newApp(t.Context(), cfg, slog.New(slog.NewJSONHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

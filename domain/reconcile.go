@@ -2,7 +2,9 @@ package domain
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -63,12 +65,44 @@ type Reconciler struct {
 	StaleRefundAge time.Duration // default 24h
 	// OnRun hears each finished run (metrics).
 	OnRun func(ReconcileRun)
+	// Log gets each run's one summary line, whoever started it (the
+	// nightly schedule, an admin's runReconciliation); nil: no line (`kami
+	// reconcile` prints its summary on stdout instead).
+	Log *slog.Logger
 }
 
 // Run reconciles once. It returns ErrReconcileRunning when another process
 // holds the lock, and otherwise the run as recorded (its Error field says
 // what part failed, if any: the other parts still ran).
 func (r *Reconciler) Run(ctx context.Context) (*ReconcileRun, error) {
+	return r.runLogged(ctx, "")
+}
+
+// runLogged is run with its outcome logged: the one place a run's summary
+// line is written, for every way a run starts.
+func (r *Reconciler) runLogged(ctx context.Context, actor string) (*ReconcileRun, error) {
+	run, err := r.run(ctx)
+	if r.Log == nil {
+		return run, err
+	}
+	var by []any
+	if actor != "" {
+		by = []any{"by", actor}
+	}
+	switch {
+	case errors.Is(err, ErrReconcileRunning):
+		r.Log.InfoContext(ctx, "reconcile skipped: another process is running it", by...)
+	case err != nil:
+		r.Log.ErrorContext(ctx, "reconcile failed", append(by, "err", err)...)
+	case run.Error != "":
+		r.Log.ErrorContext(ctx, "reconcile: "+run.Summary, append(by, "errors", run.Error)...)
+	default:
+		r.Log.InfoContext(ctx, "reconcile: "+run.Summary, by...)
+	}
+	return run, err
+}
+
+func (r *Reconciler) run(ctx context.Context) (*ReconcileRun, error) {
 	l := r.Shop.Ledger
 	if r.Lock != nil {
 		unlock, ok, err := r.Lock.TryLock(ctx, "reconcile", time.Hour)
@@ -187,7 +221,7 @@ func (r *Reconciler) Run(ctx context.Context) (*ReconcileRun, error) {
 // RunFor runs the reconciliation now for actor (an admin) and notes it in
 // the audit log. Errors as Run.
 func (r *Reconciler) RunFor(ctx context.Context, actor string) (*ReconcileRun, error) {
-	run, err := r.Run(ctx)
+	run, err := r.runLogged(ctx, actor)
 	if err != nil {
 		return run, err
 	}
