@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -62,18 +60,8 @@ func TestCampaignSettings(t *testing.T) {
 func TestClockSkewWarnedAtStart(t *testing.T) {
 	t.Parallel()
 	for _, skew := range []string{"", "3s"} {
-		cfg, err := loadConfig(env{"KAMI_DATA_DIR": t.TempDir(), "KAMI_DATABASE_URL": dbtest.URL(t, dbtest.SQLite),
-			"KAMI_SANDBOX_SECRET": "test-secret", "KAMI_PUBLIC_URL": "http://kami.test", "KAMI_ADMIN_TOKEN": testAdminToken,
-			"KAMI_FAULT_CLOCK_SKEW": skew}.get)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var logs domaintest.LogBuffer
-		a, err := newApp(t.Context(), cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.Close(context.Background())
+		newTestAppLogging(t, dbtest.SQLite, env{"KAMI_FAULT_CLOCK_SKEW": skew}, nil, &logs)
 		var warned []string
 		for _, line := range strings.Split(logs.String(), "\n") {
 			if strings.Contains(line, "KAMI_FAULT_CLOCK_SKEW") {
