@@ -103,6 +103,7 @@ type PlacedOrder struct {
 	// Replayed is true when the idempotency key matched an existing order:
 	// nothing new was locked.
 	Replayed bool
+	cardIDs  []int64 // the cards the placing transaction locked (not for a replay)
 }
 
 // PlaceOrder creates a PENDING order holding Quantity lockable cards until
@@ -202,10 +203,14 @@ const uncertainLookupTimeout = 10 * time.Second
 // PENDING like any unpaid one, and its close comes (the sweeper schedules
 // a PENDING order missing from the close queue).
 func (l *Ledger) afterUncertainCommit(ctx context.Context, placed []*PlacedOrder, errs []error, commitErr error) ([]*PlacedOrder, bool) {
-	var nos []string
+	var (
+		nos     []string
+		cardIDs []int64
+	)
 	for _, p := range placed {
 		if p != nil && !p.Replayed {
 			nos = append(nos, p.Order.OrderNo)
+			cardIDs = append(cardIDs, p.cardIDs...)
 		}
 	}
 	if len(nos) == 0 {
@@ -213,7 +218,7 @@ func (l *Ledger) afterUncertainCommit(ctx context.Context, placed []*PlacedOrder
 	}
 	lookCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uncertainLookupTimeout)
 	defer cancel()
-	written, err := l.OrdersByNo(lookCtx, nos)
+	written, err := l.afterTx(lookCtx, cardIDs, nos)
 	if err != nil {
 		l.alerts.Alert(ctx, Alert{Kind: "uncertain_commit", Subject: nos[0],
 			Message: fmt.Sprintf("a batch of %d orders may or may not have been placed (commit: %v; look-up: %v); a written one closes unpaid", len(nos), commitErr, err)})
@@ -238,6 +243,27 @@ func (l *Ledger) afterUncertainCommit(ctx context.Context, placed []*PlacedOrder
 		p.Order = o
 	}
 	return placed, true
+}
+
+// afterTx reads the orders nos once the transaction that placed them,
+// having locked cardIDs, has ended. The server may still be finishing its
+// COMMIT (a slow disk), or not have read it yet (the connection reset on
+// the way): read at once, the orders would not be there yet and the batch
+// would be placed twice. A locking read of the cards that transaction
+// updated waits for it to commit or roll back, on PostgreSQL and
+// MySQL/MariaDB alike (the new order rows would not do: PostgreSQL's
+// locking read skips rows it cannot see, and an uncommitted insert is
+// one). ctx bounds the wait: a server that never ends the transaction
+// makes it an error, the unknown answer. SQLite needs no wait: its one
+// connection is the batch's, and free again only once its COMMIT is done.
+func (l *Ledger) afterTx(ctx context.Context, cardIDs []int64, nos []string) (map[string]*Order, error) {
+	if lock := shareLock(l.db); lock != "" {
+		var ids []int64
+		if err := l.db.NewRaw("SELECT id FROM card_stock WHERE id IN (?) "+lock, bun.List(cardIDs)).Scan(ctx, &ids); err != nil {
+			return nil, err
+		}
+	}
+	return l.OrdersByNo(ctx, nos)
 }
 
 // placeOrders decides every order of a batch with a fixed number of
@@ -399,7 +425,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	k := 0
 	for i, in := range open {
 		p := products[in.ProductID]
-		placed[i] = &PlacedOrder{Order: &orders[k], Product: p, AccessToken: tokens[k]}
+		placed[i] = &PlacedOrder{Order: &orders[k], Product: p, AccessToken: tokens[k], cardIDs: cards[i]}
 		k++
 	}
 	return done()
