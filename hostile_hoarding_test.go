@@ -14,7 +14,7 @@ import (
 	"kami/providers/wechat/wechatemu"
 )
 
-// The hoarding and identity attacks of issue 11, each against a whole
+// The hoarding and identity attacks, each against a whole
 // server over HTTP.
 
 func codes(prefix string, n int) []string {

@@ -13,7 +13,7 @@ import (
 	"github.com/coder/websocket"
 )
 
-// Helpers for the hostile-traffic tests (issue 11): GraphQL over HTTP and
+// Helpers for the hostile-traffic tests: GraphQL over HTTP and
 // over a WebSocket against a whole server.
 
 // gqlErr is one GraphQL error.

@@ -21,7 +21,7 @@ import (
 	"kami/providers/sandbox"
 )
 
-// The transport attacks of issue 11, against a whole server.
+// The hostile-traffic transport attacks, against a whole server.
 
 // TestSlowBodyIsCut: a POST announcing 100 KB and sending 10 bytes was
 // held open indefinitely. The body now has BodyReadTimeout to arrive; the

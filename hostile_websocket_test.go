@@ -14,7 +14,7 @@ import (
 	"kami/queue/redistest"
 )
 
-// The WebSocket attacks of issue 11 and the failover of issue 12 (item 3),
+// The WebSocket attacks and the Redis failover of subscriptions,
 // against a whole server on a redis-server of the test's own, which the
 // test counts the clients of and restarts.
 

@@ -34,7 +34,7 @@ type LowStock struct {
 }
 
 // lowStockCrossed is the one place a low-stock crossing goes: the alert.
-// (Issue 14's stock.low webhook event hooks in here.)
+// (A stock.low webhook event, when kami has webhooks, hooks in here.)
 func (l *Ledger) lowStockCrossed(ctx context.Context, ls LowStock) {
 	l.alerts.Alert(ctx, Alert{Kind: "low_stock", Subject: fmt.Sprintf("product %d", ls.ProductID),
 		Message: fmt.Sprintf("%s: %d sellable cards left, at or below the threshold of %d; import more", ls.Name, ls.Sellable, ls.Threshold)})

@@ -60,7 +60,7 @@ type Reveal struct {
 
 // RecordReveals writes reveals in one insert. Callers record before the
 // codes leave and do not send them when this fails. It is the one place
-// reveals are written (issue 14's mails of codes record here too).
+// reveals are written (codes sent by mail, when kami sends them, record here too).
 func (l *Ledger) RecordReveals(ctx context.Context, rs ...Reveal) error {
 	return recordReveals(ctx, l.db, l.now(), rs)
 }

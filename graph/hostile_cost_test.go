@@ -20,7 +20,7 @@ import (
 	"kami/graph"
 )
 
-// The attacks of issue 11 on the GraphQL cost, each against the real
+// The hostile-traffic attacks on the GraphQL cost, each against the real
 // handler. Each is refused with its code, and the work it caused is
 // counted, never timed: the documents parsed and validated, and the fields
 // priced (asked their complexity, whichever walk asks).

@@ -8,8 +8,7 @@ import (
 	"github.com/uptrace/bun/dialect"
 )
 
-// Supplier batches, withdrawn cards, format rules and low-stock alerts
-// (issue 13):
+// Supplier batches, withdrawn cards, format rules and low-stock alerts:
 //
 //   - card_batch: every import is a batch (who, when, supplier note,
 //     counts); a batch is ACTIVE or RECALLED.

@@ -2,9 +2,9 @@ package migrations
 
 func init() { Migrations.MustRegister(run(cardRevealUp), run(cardRevealDown)) }
 
-// card_reveal records every time card codes left kami (issue 13): the
+// card_reveal records every time card codes left kami: the
 // buyer's order query, a subscription event, an admin's code read, an
-// export, and later a mail (issue 14). One row per reveal of an order's
+// export, and later a mail. One row per reveal of an order's
 // codes (order_no set, card_id NULL: the order's SOLD cards), one row per
 // card for reveals of single cards (admin code reads, exports: card_id set,
 // order_no the order it belongs to, if any). So "who saw this order's

@@ -2693,7 +2693,7 @@ type Subscription {
   orderStatusChanged(orderNo: String!, accessToken: String): Order!
 }
 `, BuiltIn: false},
-	{Name: "../stock.graphqls", Input: `# The seller's stock (issue 13): file imports with format rules and dry
+	{Name: "../stock.graphqls", Input: `# The seller's stock: file imports with format rules and dry
 # runs, supplier batches and their recall, the reveal audit, low-stock
 # thresholds. The CSV export is GET /export/cards (see README).
 
