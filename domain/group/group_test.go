@@ -97,13 +97,7 @@ func TestSkipsEndedCalls(t *testing.T) {
 	first := make(chan error)
 	go func() { _, err := b.Do(context.Background(), 0); first <- err }()
 	waitQueued := func(n int) {
-		for {
-			b.mu.Lock()
-			q := len(b.queue)
-			b.mu.Unlock()
-			if q == n {
-				return
-			}
+		for b.Queued() != n {
 			time.Sleep(time.Millisecond)
 		}
 	}
