@@ -25,7 +25,7 @@ func refuseUnstorableText(ctx context.Context, next graphql.Resolver) (any, erro
 	}
 	for name, v := range fc.Field.ArgumentMap(graphql.GetOperationContext(ctx).Variables) {
 		if !storableText(v) {
-			return nil, domain.Errorf(domain.EBADINPUT, "%s must be text without NUL characters", name)
+			return nil, domain.Errorf(domain.EBADINPUT, "%s must be UTF-8 text without NUL characters", name)
 		}
 	}
 	return next(ctx)
