@@ -15,6 +15,7 @@ import (
 
 	"kami/domain"
 	"kami/graph"
+	"kami/mail"
 	"kami/queue"
 )
 
@@ -101,6 +102,10 @@ type Config struct {
 
 	Alipay AlipaySettings
 	Wechat WechatSettings
+	// Mail (KAMI_SMTP_URL, KAMI_MAIL_FROM, KAMI_SHOP_NAME) mails a paid
+	// order's codes to a buyer whose contact is an email address; nil
+	// when KAMI_SMTP_URL is unset.
+	Mail *mail.Config
 
 	// Where the secrets left unset were read from or written to (see
 	// ensureSecrets), for the start's welcome lines; "" when the setting
@@ -274,12 +279,41 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	if err := c.LogLevel.UnmarshalText([]byte(or(getenv("KAMI_LOG_LEVEL"), "info"))); err != nil {
 		bad("KAMI_LOG_LEVEL", "want debug, info, warn or error")
 	}
+	if c.Mail, err = mailSettings(getenv); err != nil {
+		errs = append(errs, err)
+	}
 	if raw := getenv("KAMI_CARD_KEY"); raw != "" {
 		if c.CardKey, err = domain.ParseCardKey(raw); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return c, errors.Join(errs...)
+}
+
+// mailSettings reads KAMI_SMTP_URL, KAMI_MAIL_FROM and KAMI_SHOP_NAME
+// (default "kami"); nil when no SMTP server is set.
+func mailSettings(getenv func(string) string) (*mail.Config, error) {
+	shop := or(getenv("KAMI_SHOP_NAME"), "kami")
+	var errs []error
+	if err := mail.CheckShopName(shop); err != nil {
+		errs = append(errs, fmt.Errorf("KAMI_SHOP_NAME: %w", err))
+	}
+	raw := strings.TrimSpace(getenv("KAMI_SMTP_URL"))
+	if raw == "" {
+		return nil, errors.Join(errs...)
+	}
+	srv, err := mail.ParseServer(raw)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("KAMI_SMTP_URL: %w", err))
+	}
+	from, err := mail.ParseFrom(getenv("KAMI_MAIL_FROM"))
+	if err != nil {
+		errs = append(errs, fmt.Errorf("KAMI_MAIL_FROM: %w (needed with KAMI_SMTP_URL)", err))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &mail.Config{Server: srv, From: from, ShopName: shop}, nil
 }
 
 // cronParser reads cron specs as the server's cron does (cron.WithSeconds).

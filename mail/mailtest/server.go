@@ -1,0 +1,215 @@
+// Package mailtest runs a real SMTP server (github.com/emersion/go-smtp)
+// inside a test process, with STARTTLS under a certificate of its own that
+// the test's client trusts, and lets the test say how it answers each
+// message: accept, refuse, refuse for now, or take it and never answer.
+package mailtest
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"io"
+	"math/big"
+	"net"
+	"net/mail"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	smtp "github.com/emersion/go-smtp"
+
+	kmail "kami/mail"
+)
+
+// Answer is how the server answers one message (the n-th DATA it gets,
+// counting from 1).
+type Answer int
+
+const (
+	Accept   Answer = iota // 250: stored and confirmed
+	Refuse                 // 554: refused for good
+	TryLater               // 451: refused for now, nothing stored
+	// Stall stores the message and then never replies to its end: the
+	// client's wait for the reply runs out. The message is kept: a real
+	// server that stalls like this has it, and so does the buyer.
+	Stall
+	// StallBeforeData never answers the MAIL command: the client gives up
+	// before the message was sent, and nothing is stored.
+	StallBeforeData
+)
+
+// Received is one message the server stored.
+type Received struct {
+	From, To  string
+	MessageID string
+	Raw       []byte
+}
+
+// Server is a running test SMTP server.
+type Server struct {
+	Host string
+	Port int
+	// Roots trusts the server's certificate.
+	Roots *x509.CertPool
+
+	mu       sync.Mutex
+	answer   func(n int) Answer
+	attempts int // messages (MAIL commands) begun
+	got      []Received
+	changed  chan struct{} // closed and replaced on every change
+	release  chan struct{} // closed at cleanup: stalled sessions end
+}
+
+// Start starts a server on 127.0.0.1 that answers the n-th message
+// (counting MAIL commands from 1) with answer(n). It stops at the test's
+// end.
+func Start(t testing.TB, answer func(n int) Answer) *Server {
+	t.Helper()
+	cert, roots := selfSigned(t)
+	s := &Server{Roots: roots, answer: answer, changed: make(chan struct{}), release: make(chan struct{})}
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &session{s: s}, nil }))
+	srv.Domain = "localhost"
+	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	srv.ErrorLog = discardLog{}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().(*net.TCPAddr)
+	s.Host, s.Port = "127.0.0.1", addr.Port
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() {
+		close(s.release)
+		_ = srv.Close()
+	})
+	return s
+}
+
+// Config is a mail.Config that sends to s over STARTTLS, trusting its
+// certificate, with each step bounded by timeout.
+func (s *Server) Config(shop string, timeout time.Duration) kmail.Config {
+	from, _ := mail.ParseAddress("Test Shop <codes@shop.example>")
+	return kmail.Config{Server: kmail.Server{Host: s.Host, Port: s.Port}, From: from, ShopName: shop,
+		Timeout: timeout, TLS: &tls.Config{RootCAs: s.Roots, MinVersion: tls.VersionTLS12}}
+}
+
+// URL is KAMI_SMTP_URL for s.
+func (s *Server) URL() string { return "smtp://" + net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
+
+// Received returns the messages stored so far.
+func (s *Server) Received() []Received {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Received(nil), s.got...)
+}
+
+// Attempts is how many messages were begun (MAIL commands).
+func (s *Server) Attempts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.attempts
+}
+
+// Changed returns a channel closed at the next message begun or stored.
+func (s *Server) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+func (s *Server) note(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f()
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+type session struct {
+	s      *Server
+	from   string
+	to     string
+	answer Answer
+}
+
+func (x *session) Reset()        {}
+func (x *session) Logout() error { return nil }
+
+func (x *session) Mail(from string, _ *smtp.MailOptions) error {
+	x.s.note(func() {
+		x.s.attempts++
+		x.answer = x.s.answer(x.s.attempts)
+	})
+	x.from = from
+	if x.answer == StallBeforeData {
+		<-x.s.release
+		return errors.New("released")
+	}
+	return nil
+}
+
+func (x *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	x.to = to
+	return nil
+}
+
+func (x *session) Data(r io.Reader) error {
+	raw, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	switch x.answer {
+	case Refuse:
+		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "refused by the test server"}
+	case TryLater:
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+	}
+	msg, err := mail.ReadMessage(bytes.NewReader(raw))
+	id := ""
+	if err == nil {
+		id = msg.Header.Get("Message-Id")
+	}
+	x.s.note(func() { x.s.got = append(x.s.got, Received{From: x.from, To: x.to, MessageID: id, Raw: raw}) })
+	if x.answer == Stall {
+		<-x.s.release
+	}
+	return nil
+}
+
+// selfSigned makes a certificate for 127.0.0.1 and a pool that trusts it.
+func selfSigned(t testing.TB) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kami mail test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
+}
+
+type discardLog struct{}
+
+func (discardLog) Printf(string, ...any) {}
+func (discardLog) Println(...any)        {}
