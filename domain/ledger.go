@@ -40,6 +40,11 @@ type Config struct {
 	MaxPendingPerAddress int               // PENDING orders one client address may hold; 0: no cap
 	MaxLockedPerContact  int               // cards one contact may hold locked in PENDING orders; 0: no cap
 	MaxLockedPerAddress  int               // cards one client address may hold locked in PENDING orders; 0: no cap
+	// Mail: a paid order whose contact is an email address gets its codes
+	// mailed (SMTP is configured; see mail.go). MailBackoff is the wait
+	// before each retry of a mail not delivered; default DefaultMailBackoff.
+	Mail        bool
+	MailBackoff []time.Duration
 }
 
 // maxProductMaxPerOrder is the largest quantity a product may allow in

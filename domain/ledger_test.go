@@ -27,6 +27,7 @@ func TestTransitionTable(t *testing.T) {
 			"card_stock":   {"UNSOLD", "LOCKED", "SOLD", "RECYCLED", "WITHDRAWN"},
 			"refund_order": {"PROCESSING", "SUCCEEDED", "FAILED"},
 			"card_batch":   {"ACTIVE", "RECALLED"},
+			"mail_sends":   {"QUEUED", "SENDING", "SENT", "FAILED"},
 		}
 		for _, tr := range domain.Transitions {
 			for _, from := range statuses[tr.Table] {
@@ -95,6 +96,10 @@ func tryInsertRow(b *bundle, table, key, status string, productID int64) error {
 			bt.RecalledAt = now
 		}
 		_, err = b.db.NewInsert().Model(bt).Exec(b.ctx)
+	case "mail_sends":
+		m := &domain.MailSend{OrderNo: "o", TradeNo: "t", Cause: domain.MailForPayment, DedupKey: key,
+			Status: domain.MailStatus(status), RequestedBy: "test", CreatedAt: now, UpdatedAt: now}
+		_, err = b.db.NewInsert().Model(m).Exec(b.ctx)
 	case "refund_order":
 		r := &domain.Refund{RefundNo: key, OrderNo: "o", Provider: "sandbox", TradeNo: "t", Cause: domain.CauseAdmin,
 			AmountFen: 1, PaidFen: 1, Status: domain.RefundStatus(status), CreatedAt: now, UpdatedAt: now}

@@ -44,6 +44,9 @@ type PaymentResult struct {
 	// Refund is the refund this payment created, if any: the caller
 	// schedules it.
 	Refund *Refund
+	// Mail is the mail of the order's codes this payment queued, if any:
+	// the caller schedules it.
+	Mail *MailSend
 }
 
 // maxOrderNoLen is the order_no column's width.
@@ -239,10 +242,19 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	if err := writeFlow(ctx, tx, now, flows...); err != nil {
 		return err
 	}
+	paid := make([]*Order, 0, len(at))
 	for _, i := range at {
 		p, o := ps[i], *orders[ps[i].OrderNo]
 		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt(p, now), now, now
 		results[i] = &PaymentResult{Outcome: PaymentDelivered, Order: &o}
+		paid = append(paid, &o)
+	}
+	mails, err := l.queueOrderMails(ctx, tx, now, paid...)
+	if err != nil {
+		return err
+	}
+	for _, i := range at {
+		results[i].Mail = mails[ps[i].OrderNo]
 	}
 	return nil
 }
@@ -316,7 +328,11 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 		if err := l.sellLocked(ctx, tx, &o, now); err != nil {
 			return nil, nil, err
 		}
-		return &PaymentResult{Outcome: PaymentDelivered, Order: &o}, nil, nil
+		mails, err := l.queueOrderMails(ctx, tx, now, &o)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &PaymentResult{Outcome: PaymentDelivered, Order: &o, Mail: mails[o.OrderNo]}, nil, nil
 	}
 	cur, err := orderIn(ctx, tx, p.OrderNo)
 	if err != nil {
@@ -339,7 +355,14 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 			}
 			if delivered {
 				cur, err := orderIn(ctx, tx, p.OrderNo)
-				return &PaymentResult{Outcome: PaymentLateDelivered, Order: cur}, nil, err
+				if err != nil {
+					return nil, nil, err
+				}
+				mails, err := l.queueOrderMails(ctx, tx, now, cur)
+				if err != nil {
+					return nil, nil, err
+				}
+				return &PaymentResult{Outcome: PaymentLateDelivered, Order: cur, Mail: mails[cur.OrderNo]}, nil, nil
 			}
 		}
 		n, err := apply(ctx, tx, OrderLateRefund, now, whereOrderNo(p.OrderNo), paidCols...)

@@ -25,6 +25,9 @@ const (
 	RevealAdminCode RevealChannel = "ADMIN_CODE"
 	// RevealExport: a card's code in an admin's CSV export.
 	RevealExport RevealChannel = "EXPORT"
+	// RevealMail: an order's codes in a mail to its buyer (actor "mail"),
+	// one row per attempt, recorded before the attempt sends (see mail.go).
+	RevealMail RevealChannel = "MAIL"
 )
 
 // RevealViewer is who the codes were shown to.

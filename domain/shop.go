@@ -82,6 +82,9 @@ type Shop struct {
 	// Observer hears every placement, close, payment and refund attempt
 	// (metrics); nil for none.
 	Observer Observer
+	// MailQueue schedules the mails payments queue (see mail.go); nil
+	// leaves them to the mail sweeper.
+	MailQueue MailScheduler
 
 	products sync.Map // product ids known to exist (see productExists)
 	breakers sync.Map // provider name → *breaker (see preClose)
@@ -765,7 +768,21 @@ func (s *Shop) RecordPayment(ctx context.Context, p Payment) (*PaymentResult, er
 	if res.Refund != nil {
 		s.scheduleRefund(ctx, res.Refund)
 	}
+	if res.Mail != nil {
+		s.ScheduleMail(ctx, res.Mail)
+	}
 	return res, nil
+}
+
+// ScheduleMail puts a queued mail on the mail queue; a lost schedule is
+// rebuilt by the mail sweeper.
+func (s *Shop) ScheduleMail(ctx context.Context, m *MailSend) {
+	if s.MailQueue == nil || m.Status != MailQueued {
+		return
+	}
+	if err := s.MailQueue.ScheduleMail(ctx, m.ID, m.NextDueAt); err != nil {
+		s.log().WarnContext(ctx, "schedule mail failed; the sweeper will", "mail", m.ID, "err", err)
+	}
 }
 
 func (s *Shop) scheduleRefund(ctx context.Context, r *Refund) {

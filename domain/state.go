@@ -58,12 +58,27 @@ const (
 // RefundStatuses lists every refund status; the schema's CHECK repeats it.
 var RefundStatuses = []RefundStatus{RefundProcessing, RefundSucceeded, RefundFailed}
 
+// MailStatus is the state of a mail_sends row: one mail of an order's
+// codes to its buyer (see mail.go).
+type MailStatus string
+
+const (
+	MailQueued  MailStatus = "QUEUED"  // waiting for its next attempt (next_due_at)
+	MailSending MailStatus = "SENDING" // an attempt is under way (until next_due_at)
+	MailSent    MailStatus = "SENT"    // the server accepted it
+	MailFailed  MailStatus = "FAILED"  // given up: last_error says why
+)
+
+// MailStatuses lists every mail status; the schema's CHECK repeats it.
+var MailStatuses = []MailStatus{MailQueued, MailSending, MailSent, MailFailed}
+
 // Tables whose status column the transitions move.
 const (
 	tableOrders  = "orders"
 	tableCards   = "card_stock"
 	tableRefunds = "refund_order"
 	tableBatches = "card_batch"
+	tableMails   = "mail_sends"
 )
 
 // Transition is one legal move of a status column. The SQL that applies it
@@ -91,6 +106,10 @@ func batchMove(name string, from []BatchStatus, to BatchStatus) Transition {
 
 func refundMove(name string, from []RefundStatus, to RefundStatus) Transition {
 	return Transition{Name: name, Table: tableRefunds, From: strs(from), To: string(to)}
+}
+
+func mailMove(name string, from []MailStatus, to MailStatus) Transition {
+	return Transition{Name: name, Table: tableMails, From: strs(from), To: string(to)}
 }
 
 // The transition table: every state change kami makes, and only these.
@@ -131,6 +150,18 @@ var (
 	// WeChat refund to a bank card takes days): not a failure, polled on
 	// the slow schedule, never given up on.
 	RefundAwait = refundMove("refund.await", []RefundStatus{RefundProcessing}, RefundProcessing)
+
+	// An attempt begins: recorded (and committed) before the message is
+	// sent, so no two attempts run at once.
+	MailBeginAttempt = mailMove("mail.attempt", []MailStatus{MailQueued}, MailSending)
+	// An attempt whose process died (its deadline passed) is taken over:
+	// the server may have its message, so it counts as uncertain.
+	MailTakeOver = mailMove("mail.take_over", []MailStatus{MailSending}, MailSending)
+	MailDone     = mailMove("mail.sent", []MailStatus{MailSending}, MailSent)
+	// The attempt did not deliver (or may not have): try again later.
+	MailRetry = mailMove("mail.retry", []MailStatus{MailSending}, MailQueued)
+	// Refused for good, out of attempts, or the order no longer paid.
+	MailGiveUp = mailMove("mail.give_up", []MailStatus{MailQueued, MailSending}, MailFailed)
 )
 
 // Transitions is the whole table, for tests and documentation.
@@ -139,6 +170,7 @@ var Transitions = []Transition{
 	CardLock, CardSell, CardRecycle, CardWithdraw, CardWithdrawLocked,
 	BatchRecall,
 	RefundSucceed, RefundGiveUp, RefundRetry, RefundAttempt, RefundAwait,
+	MailBeginAttempt, MailTakeOver, MailDone, MailRetry, MailGiveUp,
 }
 
 // Allowed reports whether some transition moves table's status from → to.

@@ -52,6 +52,13 @@ func (k Keys) RefundQueue() string { return k.prefix + "{delay:refund:retry}" }
 // RefundLease holds claimed refund tasks.
 func (k Keys) RefundLease() string { return k.RefundQueue() + ":lease" }
 
+// MailQueue is the ZSET of order mails to attempt (mail_sends ids),
+// scored by due time.
+func (k Keys) MailQueue() string { return k.prefix + "{delay:mail:send}" }
+
+// MailLease holds claimed mail tasks.
+func (k Keys) MailLease() string { return k.MailQueue() + ":lease" }
+
 // Stock is the admission counter of a product: how many cards may still be
 // sold. The product id is the hash tag.
 func (k Keys) Stock(productID int64) string {

@@ -93,17 +93,23 @@ func (e *env) workers(t testing.TB, cfg queue.Config) *queue.Workers {
 		cfg.SweepEvery = time.Second
 	}
 	w := queue.NewWorkers(cfg, e.redis.Client, e.keys, e.shop, e.ledger, quietLogger())
-	if err := w.Start(e.ctx); err != nil {
+	startUntilCleanup(t, e.ctx, "workers", w.Start, w.Stop)
+	return w
+}
+
+// startUntilCleanup starts a worker and stops it when the test ends.
+func startUntilCleanup(t testing.TB, ctx context.Context, what string, start, stop func(context.Context) error) {
+	t.Helper()
+	if err := start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a deadline for a hang, never a speed
 		defer cancel()
-		if err := w.Stop(ctx); err != nil {
-			t.Errorf("stop workers: %v", err)
+		if err := stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", what, err)
 		}
 	})
-	return w
 }
 
 // product creates a product with n cards.

@@ -1,0 +1,491 @@
+package domain
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/mail"
+	"strconv"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	kmail "kami/mail"
+)
+
+// Codes by email. A paid order whose contact is an email address gets one
+// mail_sends row, written in the transaction that marks it paid
+// (queueOrderMails), so a crash can neither lose the mail nor invent one.
+// A queue worker sends it later through Mailer.Deliver, never the
+// payment's own request.
+//
+// Exactly once, as far as SMTP allows. Each attempt is recorded
+// (QUEUED → SENDING, with a deadline) and committed before the message is
+// sent, so two workers never send one row at once. A failure before the
+// message's end reached the server delivered nothing and is retried with
+// backoff; a 5xx is final. What SMTP cannot tell is an attempt whose whole
+// message was handed over and whose reply was lost (a timeout, a reset, a
+// process killed mid-send): the server may have accepted it. Such an
+// attempt is "uncertain", and a row sends again after at most
+// MaxUncertainMail of them: one row puts at most MaxUncertainMail+1
+// copies in the buyer's mailbox, all with the same Message-ID (derived from
+// the row, so a receiver can tell them apart from a real second mail).
+// After MaxUncertainMail+1 uncertain attempts the row is FAILED with an
+// alert that says the buyer may well have it.
+
+// MailCause says why a mail exists.
+type MailCause string
+
+const (
+	MailForPayment MailCause = "PAID"   // the order was paid: the one automatic mail per payment
+	MailResend     MailCause = "RESEND" // an admin asked for another
+)
+
+// MaxUncertainMail is how many uncertain attempts one mail may follow with
+// another attempt (see above): a mail reaches its buyer at most
+// MaxUncertainMail+1 times.
+const MaxUncertainMail = 1
+
+// DefaultMailBackoff is the wait before each retry of a mail that was not
+// delivered; after the last step the mail is FAILED.
+var DefaultMailBackoff = []time.Duration{time.Minute, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour}
+
+// MailActor is the actor of the reveal a mail records.
+const MailActor = "mail"
+
+// MailSend is one mail_sends row.
+type MailSend struct {
+	bun.BaseModel `bun:"table:mail_sends"`
+
+	ID       int64      `bun:"id,pk,autoincrement"`
+	OrderNo  string     `bun:"order_no"`
+	TradeNo  string     `bun:"trade_no"` // the payment it is for
+	Cause    MailCause  `bun:"cause"`
+	DedupKey string     `bun:"dedup_key"`
+	Status   MailStatus `bun:"status"`
+	Attempts int        `bun:"attempts"`
+	// Uncertain counts the attempts whose outcome the server did not
+	// confirm either way.
+	Uncertain int `bun:"uncertain"`
+	// NextDueAt: when a QUEUED mail is due; for a SENDING one, the
+	// attempt's deadline (past it, its process died). The database's clock.
+	NextDueAt   time.Time `bun:"next_due_at,nullzero"`
+	LastError   string    `bun:"last_error"`
+	SentAt      time.Time `bun:"sent_at,nullzero"`
+	RequestedBy string    `bun:"requested_by"`
+	CreatedAt   time.Time `bun:"created_at"`
+	UpdatedAt   time.Time `bun:"updated_at"`
+}
+
+// MessageID is the left part of the mail's Message-ID: the same for every
+// attempt at this row, different for every row.
+func (m *MailSend) MessageID() string {
+	return "kami-mail-" + strconv.FormatInt(m.ID, 10) + "." + m.OrderNo
+}
+
+// EmailContact reports whether a (normalized) contact is an email address
+// kami can send to.
+func EmailContact(contact string) bool {
+	a, err := mail.ParseAddress(contact)
+	return err == nil && a.Name == "" && a.Address == contact
+}
+
+// queueOrderMails writes, inside the transaction that delivers the given
+// orders, the mail of each whose contact is an email address, when mail is
+// on. It returns the rows written by order number.
+func (l *Ledger) queueOrderMails(ctx context.Context, tx bun.Tx, now time.Time, orders ...*Order) (map[string]*MailSend, error) {
+	if !l.cfg.Mail {
+		return nil, nil
+	}
+	var rows []MailSend
+	due := l.DBTime()
+	for _, o := range orders {
+		if !EmailContact(o.Contact) {
+			continue
+		}
+		sum := sha256.Sum256([]byte(o.Provider + "\x00" + o.TradeNo))
+		rows = append(rows, MailSend{OrderNo: o.OrderNo, TradeNo: o.TradeNo, Cause: MailForPayment,
+			DedupKey: "paid:" + o.OrderNo + ":" + hex.EncodeToString(sum[:8]), Status: MailQueued,
+			NextDueAt: due, RequestedBy: "system", CreatedAt: now, UpdatedAt: now})
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	if _, err := tx.NewInsert().Model(&rows).Exec(ctx); err != nil {
+		return nil, err
+	}
+	// Read back for their ids: a multi-row insert does not return them on
+	// every database.
+	keys := make([]string, len(rows))
+	for i := range rows {
+		keys[i] = rows[i].DedupKey
+	}
+	var stored []MailSend
+	if err := tx.NewSelect().Model(&stored).Where("dedup_key IN (?)", bun.List(keys)).Scan(ctx); err != nil {
+		return nil, err
+	}
+	out := make(map[string]*MailSend, len(stored))
+	for i := range stored {
+		out[stored[i].OrderNo] = &stored[i]
+	}
+	return out, nil
+}
+
+func whereMailID(id int64) func(*bun.UpdateQuery) *bun.UpdateQuery {
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("id = ?", id) }
+}
+
+func mailIn(ctx context.Context, db bun.IDB, id int64) (*MailSend, error) {
+	var m MailSend
+	if err := db.NewSelect().Model(&m).Where("id = ?", id).Scan(ctx); err != nil {
+		return nil, notFound(err, "mail %d not found", id)
+	}
+	return &m, nil
+}
+
+// Mail returns one mail row. NOT_FOUND.
+func (l *Ledger) Mail(ctx context.Context, id int64) (*MailSend, error) { return mailIn(ctx, l.db, id) }
+
+// OrderMails lists an order's mails, newest first. NOT_FOUND for no such
+// order.
+func (l *Ledger) OrderMails(ctx context.Context, orderNo string) ([]MailSend, error) {
+	if _, err := l.Order(ctx, orderNo); err != nil {
+		return nil, err
+	}
+	var ms []MailSend
+	err := l.db.NewSelect().Model(&ms).Where("order_no = ?", orderNo).OrderExpr("id DESC").Limit(100).Scan(ctx)
+	return ms, err
+}
+
+// OpenMails lists mails QUEUED or SENDING, by due time, for the sweeper
+// that rebuilds the mail queue.
+func (l *Ledger) OpenMails(ctx context.Context, limit int) ([]MailSend, error) {
+	var ms []MailSend
+	err := l.db.NewSelect().Model(&ms).Column("id", "status", "next_due_at").
+		Where("status IN (?)", bun.List([]MailStatus{MailQueued, MailSending})).
+		OrderExpr("next_due_at, id").Limit(int64(limit)).Scan(ctx)
+	return ms, err
+}
+
+// ResendOrderMail queues another mail of a delivered order's codes for an
+// admin: a new row, with its own Message-ID. NOT_FOUND, CONFLICT (not
+// delivered, or the contact is no email address), UNAVAILABLE (mail is
+// off).
+func (l *Ledger) ResendOrderMail(ctx context.Context, orderNo, actor string) (*MailSend, error) {
+	if err := checkOrderNo(orderNo); err != nil {
+		return nil, err
+	}
+	if !l.cfg.Mail {
+		return nil, Errorf(EUNAVAILABLE, "mail is off: set KAMI_SMTP_URL and KAMI_MAIL_FROM")
+	}
+	var m *MailSend
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		now := l.now()
+		o, err := orderIn(ctx, tx, orderNo)
+		if err != nil {
+			return err
+		}
+		if o.Status != OrderPaid {
+			return Errorf(ECONFLICT, "order %s is %s; only a PAID order's codes are mailed", orderNo, o.Status)
+		}
+		if !EmailContact(o.Contact) {
+			return Errorf(ECONFLICT, "order %s's contact is not an email address", orderNo)
+		}
+		var nonce [8]byte
+		_, _ = rand.Read(nonce[:])
+		m = &MailSend{OrderNo: o.OrderNo, TradeNo: o.TradeNo, Cause: MailResend, DedupKey: "resend:" + o.OrderNo + ":" + hex.EncodeToString(nonce[:]),
+			Status: MailQueued, NextDueAt: l.DBTime(), RequestedBy: actorOr(actor), CreatedAt: now, UpdatedAt: now}
+		if _, err := tx.NewInsert().Model(m).Exec(ctx); err != nil {
+			return err
+		}
+		if m, err = mailByKey(ctx, tx, m.DedupKey); err != nil {
+			return err
+		}
+		return audit(ctx, tx, now, actor, "order.resend_mail", orderNo, fmt.Sprint(m.ID))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func mailByKey(ctx context.Context, db bun.IDB, key string) (*MailSend, error) {
+	var m MailSend
+	if err := db.NewSelect().Model(&m).Where("dedup_key = ?", key).Scan(ctx); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// MailAttempt is an attempt BeginMailAttempt started: the row (SENDING,
+// Attempts already counting this one) and what to send.
+type MailAttempt struct {
+	Mail    MailSend
+	To      string
+	Product string
+	Order   Order
+}
+
+// MailBegin is what BeginMailAttempt did.
+type MailBegin struct {
+	Attempt *MailAttempt // the attempt begun; nil when there is nothing to do now
+	Mail    *MailSend    // the row as it is now
+	GaveUp  bool         // this call moved the row to FAILED
+}
+
+// BeginMailAttempt starts an attempt at mail id if it is due: QUEUED and
+// due, or SENDING past its deadline (a process died mid-attempt: counted
+// as uncertain). In one transaction, before anything is sent: the row →
+// SENDING with a deadline of budget, and the reveal of the order's codes
+// (channel MAIL, actor "mail"). Nothing to do now (sent, failed, not due,
+// another attempt under way, or given up here: the order is no longer
+// paid, or a dead attempt was the uncertain one too many) leaves Attempt
+// nil. NOT_FOUND.
+func (l *Ledger) BeginMailAttempt(ctx context.Context, id int64, budget time.Duration) (MailBegin, error) {
+	var at *MailAttempt
+	var cur *MailSend
+	var alert *Alert
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		at, alert = nil, nil
+		var err error
+		if cur, err = mailIn(ctx, tx, id); err != nil {
+			return err
+		}
+		now, due := l.now(), l.DBTime()
+		m := *cur
+		byAttempt := func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			return whereMailID(id)(q).Where("attempts = ?", m.Attempts)
+		}
+		var t Transition
+		uncertain := m.Uncertain
+		switch {
+		case m.Status == MailQueued && !m.NextDueAt.After(due):
+			t = MailBeginAttempt
+		case m.Status == MailSending && m.NextDueAt.Before(due):
+			// Its process died after it began: the server may have it.
+			t, uncertain = MailTakeOver, uncertain+1
+		default:
+			return nil // done, not due, or under way elsewhere
+		}
+		o, err := orderIn(ctx, tx, m.OrderNo)
+		if err != nil {
+			return err
+		}
+		var reason string
+		switch {
+		case o.Status != OrderPaid:
+			reason = fmt.Sprintf("order is %s; its codes are no longer mailed", o.Status)
+		case uncertain > MaxUncertainMail:
+			reason = fmt.Sprintf("an attempt's process ended mid-send, after %d uncertain attempts: the buyer may have the mail; not sent again", m.Uncertain)
+		}
+		if reason != "" {
+			if _, err := apply(ctx, tx, MailGiveUp, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", reason), col("next_due_at = NULL")); err != nil {
+				return err
+			}
+			alert = &Alert{Kind: "mail_failed", Subject: m.OrderNo, Message: fmt.Sprintf("mail %d: %s", id, reason)}
+			cur, err = mailIn(ctx, tx, id)
+			return err
+		}
+		n, err := apply(ctx, tx, t, now, byAttempt, col("attempts = ?", m.Attempts+1), col("uncertain = ?", uncertain),
+			col("next_due_at = ?", due.Add(budget)))
+		if err != nil || n == 0 {
+			return err // n == 0: another worker began it first
+		}
+		p, err := productsByID(ctx, tx, []int64{o.ProductID})
+		if err != nil {
+			return err
+		}
+		// Recorded before the codes leave, as every reveal is.
+		if err := recordReveals(ctx, tx, now, []Reveal{{Channel: RevealMail, Viewer: ViewerBuyer, Actor: MailActor,
+			OrderNo: o.OrderNo, Codes: o.Quantity, Ref: "mail:" + strconv.FormatInt(id, 10)}}); err != nil {
+			return err
+		}
+		m.Status, m.Attempts, m.Uncertain, m.NextDueAt = MailSending, m.Attempts+1, uncertain, due.Add(budget)
+		at = &MailAttempt{Mail: m, To: o.Contact, Order: *o}
+		if prod := p[o.ProductID]; prod != nil {
+			at.Product = prod.Name
+		}
+		return nil
+	})
+	if err != nil {
+		return MailBegin{}, err
+	}
+	if alert != nil {
+		l.alerts.Alert(ctx, *alert)
+	}
+	if at != nil {
+		return MailBegin{Attempt: at, Mail: &at.Mail}, nil
+	}
+	return MailBegin{Mail: cur, GaveUp: alert != nil}, nil
+}
+
+// FinishMailAttempt records how attempt number attempt of mail id ended
+// (sendErr nil: the server accepted it; else a *mail.Error): SENT; or
+// QUEUED again after the next step of the backoff; or FAILED with the last
+// error and an alert (a refusal, the backoff used up, or a second
+// uncertain attempt). A second report of the same attempt changes nothing.
+func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, sendErr error) (*MailSend, error) {
+	var cur *MailSend
+	var alert *Alert
+	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		alert = nil
+		m, err := mailIn(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		now := l.now()
+		byAttempt := func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			return whereMailID(id)(q).Where("attempts = ?", attempt)
+		}
+		if sendErr == nil {
+			if _, err := apply(ctx, tx, MailDone, now, byAttempt, col("sent_at = ?", now), col("next_due_at = NULL")); err != nil {
+				return err
+			}
+			cur, err = mailIn(ctx, tx, id)
+			return err
+		}
+		out, detail := kmail.NotSent, sendErr.Error()
+		var me *kmail.Error
+		if errors.As(sendErr, &me) {
+			out, detail = me.Outcome, me.Error()
+		}
+		detail = truncate(detail, 512)
+		uncertain := m.Uncertain
+		if out == kmail.Uncertain {
+			uncertain++
+		}
+		var reason string
+		switch {
+		case out == kmail.Refused:
+			reason = "refused by the mail server"
+		case uncertain > MaxUncertainMail:
+			reason = fmt.Sprintf("%d attempts handed the whole message over and heard no reply: the buyer may well have it; not sent again", uncertain)
+		case attempt > len(l.mailBackoff()):
+			reason = fmt.Sprintf("not delivered after %d attempts", attempt)
+		}
+		if reason != "" {
+			n, err := apply(ctx, tx, MailGiveUp, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", detail), col("next_due_at = NULL"))
+			if err != nil {
+				return err
+			}
+			if n == 1 {
+				alert = &Alert{Kind: "mail_failed", Subject: m.OrderNo, Message: fmt.Sprintf("mail %d %s: %s; send it again with resendOrderMail", id, reason, detail)}
+			}
+		} else {
+			wait := l.mailBackoff()[attempt-1]
+			if _, err := apply(ctx, tx, MailRetry, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", detail),
+				col("next_due_at = ?", l.DBTime().Add(wait))); err != nil {
+				return err
+			}
+		}
+		cur, err = mailIn(ctx, tx, id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if alert != nil {
+		l.alerts.Alert(ctx, *alert)
+	}
+	return cur, nil
+}
+
+func (l *Ledger) mailBackoff() []time.Duration {
+	if l.cfg.MailBackoff == nil {
+		return DefaultMailBackoff
+	}
+	return l.cfg.MailBackoff
+}
+
+// MailSender sends one mail (mail.Sender).
+type MailSender interface {
+	Send(ctx context.Context, m kmail.Message) error
+	// AttemptBudget is the longest one Send can take.
+	AttemptBudget() time.Duration
+}
+
+// MailScheduler puts a mail on the mail queue (queue.MailWorker). Losing a
+// schedule is not fatal: the mail sweeper rebuilds it from the database.
+type MailScheduler interface {
+	ScheduleMail(ctx context.Context, id int64, due time.Time) error
+}
+
+// MailObserver hears each attempt's outcome (metrics).
+type MailObserver interface {
+	MailAttempted(outcome string) // "sent", "not_sent", "refused", "uncertain"
+	MailFailed()
+}
+
+// Mailer sends queued mails: the flow around one attempt.
+type Mailer struct {
+	Ledger   *Ledger
+	Sender   MailSender
+	Log      *slog.Logger
+	Observer MailObserver
+}
+
+// Deliver makes one attempt at mail id if it is due, and returns the row
+// as it is after it: QUEUED with its next due time, SENDING under another
+// attempt until its deadline, or SENT or FAILED. NOT_FOUND.
+func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
+	b, err := m.Ledger.BeginMailAttempt(ctx, id, m.Sender.AttemptBudget())
+	if err != nil {
+		return nil, err
+	}
+	if b.GaveUp && m.Observer != nil {
+		m.Observer.MailFailed()
+	}
+	at := b.Attempt
+	if at == nil {
+		return b.Mail, nil
+	}
+	var sendErr error
+	codes, err := m.Ledger.SoldCodes(ctx, []string{at.Order.OrderNo})
+	if err != nil {
+		// Nothing was sent: this attempt ends as not sent, not as one
+		// whose deadline passes and that counts as uncertain.
+		sendErr = &kmail.Error{Outcome: kmail.NotSent, Detail: "the codes could not be read"}
+		m.log().WarnContext(ctx, "order mail: reading the codes failed", "mail", id, "order", at.Order.OrderNo, "err", err)
+	} else {
+		msg := kmail.Message{To: at.To, MessageID: at.Mail.MessageID(), OrderNo: at.Order.OrderNo, Product: at.Product,
+			Quantity: at.Order.Quantity, Codes: codes[at.Order.OrderNo]}
+		sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.Sender.AttemptBudget())
+		sendErr = m.Sender.Send(sendCtx, msg)
+		cancel()
+	}
+	res, err := m.Ledger.FinishMailAttempt(context.WithoutCancel(ctx), id, at.Mail.Attempts, sendErr)
+	outcome := "sent"
+	var me *kmail.Error
+	if errors.As(sendErr, &me) {
+		outcome = map[kmail.Outcome]string{kmail.NotSent: "not_sent", kmail.Refused: "refused", kmail.Uncertain: "uncertain"}[me.Outcome]
+	} else if sendErr != nil {
+		outcome = "not_sent"
+	}
+	m.log().InfoContext(ctx, "order mail attempt", "mail", id, "order", at.Order.OrderNo, "attempt", at.Mail.Attempts,
+		"outcome", outcome, "err", errText(sendErr))
+	if m.Observer != nil {
+		m.Observer.MailAttempted(outcome)
+		if err == nil && res.Status == MailFailed {
+			m.Observer.MailFailed()
+		}
+	}
+	return res, err
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (m *Mailer) log() *slog.Logger {
+	if m.Log != nil {
+		return m.Log
+	}
+	return slog.Default()
+}

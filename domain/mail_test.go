@@ -1,0 +1,369 @@
+package domain_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/mail"
+	"kami/mail/mailtest"
+)
+
+// mailBackoff is the tests' wait between attempts; the test clock moves
+// past it.
+var mailBackoff = []time.Duration{time.Minute, time.Minute, time.Minute}
+
+// mailSetup is a ledger with mail on, a test SMTP server answering with
+// answer, and a Mailer sending to it with each SMTP step bounded by
+// timeout.
+func mailSetup(t *testing.T, db *bun.DB, answer func(n int) mailtest.Answer, timeout time.Duration) (*bundle, *mailtest.Server, *domain.Mailer) {
+	t.Helper()
+	b := setup(t, db, domain.Config{Mail: true, MailBackoff: mailBackoff})
+	srv := mailtest.Start(t, answer)
+	s, err := mail.New(srv.Config("Test Shop", timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, srv, &domain.Mailer{Ledger: b.ledger, Sender: s}
+}
+
+func always(a mailtest.Answer) func(int) mailtest.Answer {
+	return func(int) mailtest.Answer { return a }
+}
+
+// firstThen answers the first message with first and every later one
+// with Accept.
+func firstThen(first mailtest.Answer) func(int) mailtest.Answer {
+	return func(n int) mailtest.Answer {
+		if n == 1 {
+			return first
+		}
+		return mailtest.Accept
+	}
+}
+
+// paidWithMail places and pays an order of 2 and returns the mail its
+// payment queued.
+func paidWithMail(t *testing.T, b *bundle) (*domain.Order, *domain.MailSend) {
+	t.Helper()
+	p := b.product(t, 500, 2)
+	o := b.order(t, p, 2)
+	res := b.pay(t, o.Order, "T"+o.Order.OrderNo, "")
+	if res.Mail == nil || res.Mail.Status != domain.MailQueued || res.Mail.ID == 0 {
+		t.Fatalf("payment queued mail %+v, want a QUEUED row", res.Mail)
+	}
+	return res.Order, res.Mail
+}
+
+func deliver(t *testing.T, b *bundle, m *domain.Mailer, id int64) *domain.MailSend {
+	t.Helper()
+	row, err := m.Deliver(b.ctx, id)
+	if err != nil {
+		t.Fatalf("Deliver: %v", err)
+	}
+	return row
+}
+
+// messageIDs counts the copies the server stored, by Message-ID.
+func messageIDs(srv *mailtest.Server) map[string]int {
+	out := map[string]int{}
+	for _, r := range srv.Received() {
+		out[r.MessageID]++
+	}
+	return out
+}
+
+func TestPaymentQueuesMailOnlyForEmailContacts(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{Mail: true})
+		p := b.product(t, 500, 4)
+		var orders []*domain.PlacedOrder
+		for _, contact := range []string{"a@example.com", "13800138000", "b@example.com"} {
+			o, err := b.ledger.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: contact, Provider: "sandbox"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			orders = append(orders, o)
+		}
+		// The first two together, as the batcher records them; the third alone.
+		var ps []domain.Payment
+		for _, o := range orders[:2] {
+			ps = append(ps, domain.Payment{Provider: "sandbox", OrderNo: o.Order.OrderNo, TradeNo: "T" + o.Order.OrderNo, AmountFen: o.Order.AmountFen})
+		}
+		rs, errs := b.ledger.RecordPaymentsForTest(b.ctx, ps)
+		for i := range rs {
+			if errs[i] != nil || rs[i].Outcome != domain.PaymentDelivered {
+				t.Fatalf("payment %d: %+v, %v", i, rs[i], errs[i])
+			}
+		}
+		if rs[0].Mail == nil || rs[1].Mail != nil {
+			t.Fatalf("batch: mails %+v, %+v; want one for the email contact only", rs[0].Mail, rs[1].Mail)
+		}
+		res := b.pay(t, orders[2].Order, "T"+orders[2].Order.OrderNo, "")
+		if res.Mail == nil || res.Mail.OrderNo != orders[2].Order.OrderNo || res.Mail.Cause != domain.MailForPayment {
+			t.Fatalf("single payment: mail %+v", res.Mail)
+		}
+		// A redelivered notification queues nothing more.
+		if again := b.pay(t, orders[2].Order, "T"+orders[2].Order.OrderNo, ""); again.Mail != nil {
+			t.Fatalf("a repeated payment queued mail %+v", again.Mail)
+		}
+		n, err := db.NewSelect().Table("mail_sends").Count(b.ctx)
+		if err != nil || n != 2 {
+			t.Fatalf("%d mail rows (%v), want 2", n, err)
+		}
+	})
+	t.Run("mail off", func(t *testing.T) {
+		b := setup(t, dbtest.Open(t, dbtest.SQLite), domain.Config{})
+		p := b.product(t, 500, 1)
+		o := b.order(t, p, 1)
+		if res := b.pay(t, o.Order, "T1", ""); res.Mail != nil {
+			t.Fatalf("mail off, yet a mail was queued: %+v", res.Mail)
+		}
+	})
+}
+
+func TestMailDeliversCodesOnceAndRecordsTheReveal(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, always(mailtest.Accept), 10*time.Second)
+		o, queued := paidWithMail(t, b)
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailSent || row.Attempts != 1 || row.SentAt.IsZero() {
+			t.Fatalf("after delivery: %+v", row)
+		}
+		// Delivered mails are done: asking again sends nothing.
+		if again := deliver(t, b, m, queued.ID); again.Status != domain.MailSent {
+			t.Fatalf("second Deliver: %+v", again)
+		}
+		got := srv.Received()
+		if len(got) != 1 || got[0].To != o.Contact {
+			t.Fatalf("server got %d messages (%+v), want 1 to %s", len(got), got, o.Contact)
+		}
+		codes, err := b.ledger.DeliveredCodes(b.ctx, o)
+		if err != nil || len(codes) != 2 {
+			t.Fatal(codes, err)
+		}
+		for _, c := range codes {
+			if !strings.Contains(string(got[0].Raw), c) {
+				t.Errorf("mail lacks code %s", c)
+			}
+		}
+		page, err := b.ledger.ListReveals(b.ctx, o.OrderNo, 0, 0, 10)
+		if err != nil || len(page.Reveals) != 1 {
+			t.Fatalf("reveals %+v, %v; want one", page, err)
+		}
+		if r := page.Reveals[0]; r.Channel != domain.RevealMail || r.Actor != "mail" || r.Viewer != domain.ViewerBuyer || r.Codes != 2 {
+			t.Fatalf("reveal %+v", r)
+		}
+	})
+}
+
+func TestMailRefusedFailsWithAlert(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, always(mailtest.Refuse), 10*time.Second)
+		_, queued := paidWithMail(t, b)
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailFailed || !strings.Contains(row.LastError, "554") || row.Attempts != 1 {
+			t.Fatalf("after a 554: %+v", row)
+		}
+		if b.alerts.count("mail_failed") != 1 {
+			t.Fatalf("alerts %v, want one mail_failed", b.alerts.kinds())
+		}
+		b.clock.Advance(time.Hour)
+		deliver(t, b, m, queued.ID)
+		if srv.Attempts() != 1 || b.alerts.count("mail_failed") != 1 {
+			t.Fatalf("a failed mail was tried again: %d attempts, alerts %v", srv.Attempts(), b.alerts.kinds())
+		}
+	})
+}
+
+func TestMailRetriesWithBackoffThenFails(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, always(mailtest.TryLater), 10*time.Second)
+		_, queued := paidWithMail(t, b)
+		for i := 1; i <= len(mailBackoff); i++ {
+			row := deliver(t, b, m, queued.ID)
+			if row.Status != domain.MailQueued || row.Attempts != i || !strings.Contains(row.LastError, "451") {
+				t.Fatalf("attempt %d: %+v", i, row)
+			}
+			// Not due before its backoff.
+			if again := deliver(t, b, m, queued.ID); again.Attempts != i {
+				t.Fatalf("attempt %d ran again before its backoff: %+v", i, again)
+			}
+			b.clock.Advance(mailBackoff[i-1])
+		}
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailFailed || b.alerts.count("mail_failed") != 1 || srv.Attempts() != len(mailBackoff)+1 {
+			t.Fatalf("after the backoff: %+v, alerts %v, %d attempts", row, b.alerts.kinds(), srv.Attempts())
+		}
+		if len(srv.Received()) != 0 {
+			t.Fatal("a refused message was stored")
+		}
+	})
+}
+
+// TestMailAcceptedOnTheSecondTry: a server that refuses for now, or that
+// stalls before the message is sent, and accepts the next attempt: one
+// copy arrives.
+func TestMailAcceptedOnTheSecondTry(t *testing.T) {
+	t.Parallel()
+	for name, first := range map[string]mailtest.Answer{"4xx": mailtest.TryLater, "timeout before the message": mailtest.StallBeforeData} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+				b, srv, m := mailSetup(t, db, firstThen(first), time.Second)
+				_, queued := paidWithMail(t, b)
+				if row := deliver(t, b, m, queued.ID); row.Status != domain.MailQueued || row.Uncertain != 0 {
+					t.Fatalf("first attempt: %+v", row)
+				}
+				b.clock.Advance(mailBackoff[0])
+				if row := deliver(t, b, m, queued.ID); row.Status != domain.MailSent || row.Attempts != 2 {
+					t.Fatalf("second attempt: %+v", row)
+				}
+				if n := len(srv.Received()); n != 1 {
+					t.Fatalf("%d copies arrived, want 1", n)
+				}
+			})
+		})
+	}
+}
+
+// TestMailUncertainAttemptBound: the server takes the whole message and
+// never answers its end. The buyer has it after the first attempt, which
+// kami cannot know; kami sends again once (MaxUncertainMail), with the
+// same Message-ID, and then gives up with an alert: at most
+// MaxUncertainMail+1 copies, one Message-ID, and nothing more after.
+func TestMailUncertainAttemptBound(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, always(mailtest.Stall), time.Second)
+		_, queued := paidWithMail(t, b)
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailQueued || row.Uncertain != 1 || len(srv.Received()) != 1 {
+			t.Fatalf("first attempt: %+v, %d stored", row, len(srv.Received()))
+		}
+		b.clock.Advance(mailBackoff[0])
+		row = deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailFailed || row.Uncertain != 2 || b.alerts.count("mail_failed") != 1 {
+			t.Fatalf("second attempt: %+v, alerts %v", row, b.alerts.kinds())
+		}
+		for range 3 {
+			b.clock.Advance(time.Hour)
+			deliver(t, b, m, queued.ID)
+		}
+		ids := messageIDs(srv)
+		if len(srv.Received()) != domain.MaxUncertainMail+1 || len(ids) != 1 || srv.Attempts() != domain.MaxUncertainMail+1 {
+			t.Fatalf("copies %d (Message-IDs %v), attempts %d; want %d copies of one Message-ID",
+				len(srv.Received()), ids, srv.Attempts(), domain.MaxUncertainMail+1)
+		}
+	})
+}
+
+// TestMailUncertainThenAccepted: the first attempt's reply is lost, the
+// second is confirmed: two copies with one Message-ID (the documented
+// bound), SENT, nothing more.
+func TestMailUncertainThenAccepted(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, firstThen(mailtest.Stall), time.Second)
+		_, queued := paidWithMail(t, b)
+		deliver(t, b, m, queued.ID)
+		b.clock.Advance(mailBackoff[0])
+		if row := deliver(t, b, m, queued.ID); row.Status != domain.MailSent || row.Uncertain != 1 {
+			t.Fatalf("second attempt: %+v", row)
+		}
+		b.clock.Advance(time.Hour)
+		deliver(t, b, m, queued.ID)
+		if ids := messageIDs(srv); len(srv.Received()) != 2 || len(ids) != 1 {
+			t.Fatalf("copies %d, Message-IDs %v; want 2 copies of one", len(srv.Received()), ids)
+		}
+	})
+}
+
+// TestMailDeadAttemptTakenOver: a process that began an attempt and died
+// (its deadline passed with the row SENDING) may have sent it: the next
+// attempt counts it uncertain, and a second dead attempt ends the mail.
+func TestMailDeadAttemptTakenOver(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, always(mailtest.Accept), 10*time.Second)
+		_, queued := paidWithMail(t, b)
+		// The dead process's attempt: begun, never finished.
+		begun, err := b.ledger.BeginMailAttempt(b.ctx, queued.ID, time.Minute)
+		if err != nil || begun.Attempt == nil {
+			t.Fatal(begun, err)
+		}
+		// Under way: nobody else may start one.
+		if row := deliver(t, b, m, queued.ID); row.Status != domain.MailSending || row.Attempts != 1 || srv.Attempts() != 0 {
+			t.Fatalf("during the attempt: %+v", row)
+		}
+		b.clock.Advance(time.Minute + time.Second)
+		if row := deliver(t, b, m, queued.ID); row.Status != domain.MailSent || row.Uncertain != 1 || row.Attempts != 2 {
+			t.Fatalf("after the dead attempt: %+v", row)
+		}
+		// A second mail whose two attempts both die: FAILED, alerted.
+		_, second := paidWithMail(t, b)
+		for range 2 {
+			if begun, err := b.ledger.BeginMailAttempt(b.ctx, second.ID, time.Minute); err != nil || begun.Attempt == nil {
+				t.Fatal(begun, err)
+			}
+			b.clock.Advance(2 * time.Minute)
+		}
+		if row := deliver(t, b, m, second.ID); row.Status != domain.MailFailed || b.alerts.count("mail_failed") != 1 {
+			t.Fatalf("after two dead attempts: %+v, alerts %v", row, b.alerts.kinds())
+		}
+	})
+}
+
+// TestMailOneSenderAtATime: many workers (each its own Mailer, as
+// separate processes would be) deliver the same mail at once; one
+// message is sent.
+func TestMailOneSenderAtATime(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, always(mailtest.Accept), 10*time.Second)
+		rounds := 10
+		if db.Dialect().Name().String() == "sqlite" {
+			rounds = 3
+		}
+		for round := range rounds {
+			_, queued := paidWithMail(t, b)
+			var wg sync.WaitGroup
+			errs := make(chan error, 8)
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					other := &domain.Mailer{Ledger: b.ledger, Sender: m.Sender}
+					if _, err := other.Deliver(context.Background(), queued.ID); err != nil && !retryable(err) {
+						errs <- err
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			if n := len(srv.Received()); n != round+1 {
+				t.Fatalf("round %d: the server has %d messages, want %d", round, n, round+1)
+			}
+		}
+	})
+}
+
+// retryable: a database's refusal under contention (a deadlock, a busy
+// SQLite) leaves the mail to its lease; it is not a second send.
+func retryable(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "deadlock") || strings.Contains(s, "busy") || strings.Contains(s, "locked")
+}
