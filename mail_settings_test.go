@@ -1,8 +1,18 @@
 package main
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/domain/domaintest"
+	"kami/mail/mailtest"
+	"kami/providers/sandbox"
+	"kami/queue/redistest"
 )
 
 func TestMailSettings(t *testing.T) {
@@ -26,6 +36,72 @@ func TestMailSettings(t *testing.T) {
 	} {
 		if _, err := loadConfig(tc.e.get); err == nil || !strings.Contains(err.Error(), tc.name) {
 			t.Errorf("%v: error %v does not name %s", tc.e, err, tc.name)
+		}
+	}
+}
+
+// TestPaidOrderMailedOnce runs the whole server with KAMI_SMTP_URL set on
+// PostgreSQL and the machine's Redis: a sandbox payment over HTTP queues the
+// mail, the mail worker sends it to the test SMTP server once with the
+// codes, the reveal is recorded, /metrics counts it, and no log line holds
+// a code or the buyer's address.
+func TestPaidOrderMailedOnce(t *testing.T) {
+	t.Parallel()
+	srv := mailtest.Start(t, func(int) mailtest.Answer { return mailtest.Accept })
+	rs := redistest.Open(t, redistest.Real)
+	var logs domaintest.LogBuffer
+	ta := newTestAppLogging(t, dbtest.Postgres, env{"KAMI_SMTP_URL": srv.URL(), "KAMI_MAIL_FROM": "codes@shop.example",
+		"KAMI_SHOP_NAME": "Test Shop", "KAMI_REDIS_URL": rs.URL, "KAMI_REDIS_PREFIX": rs.Prefix(t)},
+		func(c *Config) { c.Mail.TLS = srv.Config("", 0).TLS }, &logs)
+	if err := ta.start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	p := ta.product(t, 1250, "SECRET-MAIL-A", "SECRET-MAIL-B")
+	const contact = "mailbuyer@example.com"
+	co, err := ta.shop.PlaceOrder(t.Context(), domain.PlaceOrderInput{ProductID: p.ID, Quantity: 2, Contact: contact, Provider: "sandbox"}, "", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, b := sandbox.Signed("test-secret", sandbox.PaymentNotification(co.Order.OrderNo, "SB-MAIL", co.Order.AmountFen, time.Now()))
+	if status, body := ta.post(t, "/webhooks/sandbox", h, b); status != 200 {
+		t.Fatalf("pay: %d %s", status, body)
+	}
+	domaintest.Eventually(t, 30*time.Second, "the mail sent", func() bool {
+		ms, err := ta.ledger.OrderMails(t.Context(), co.Order.OrderNo)
+		return err == nil && len(ms) == 1 && ms[0].Status == domain.MailSent
+	})
+	got := srv.Received()
+	if len(got) != 1 || got[0].To != contact {
+		t.Fatalf("the server has %d messages (%+v), want 1 to the buyer", len(got), got)
+	}
+	for _, code := range []string{"SECRET-MAIL-A", "SECRET-MAIL-B"} {
+		if !strings.Contains(string(got[0].Raw), code) {
+			t.Errorf("the mail lacks %s", code)
+		}
+	}
+	page, err := ta.ledger.ListReveals(t.Context(), co.Order.OrderNo, 0, 0, 10)
+	if err != nil || len(page.Reveals) != 1 || page.Reveals[0].Channel != domain.RevealMail || page.Reveals[0].Actor != "mail" {
+		t.Fatalf("reveals %+v, %v", page, err)
+	}
+	res, err := http.Get(ta.srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsText, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, want := range []string{`kami_mail_attempts_total{outcome="sent"} 1`, `kami_queue_backlog{queue="mail"}`} {
+		if !strings.Contains(string(metricsText), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if !strings.Contains(logs.String(), "order mail attempt") {
+		t.Fatal("the attempt was not logged")
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		for _, secret := range []string{"SECRET-MAIL", contact} {
+			if strings.Contains(line, secret) {
+				t.Errorf("a log line holds %s: %s", secret, line)
+			}
 		}
 	}
 }

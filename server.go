@@ -186,6 +186,7 @@ func newLedger(cfg *Config, db *bun.DB, alerts domain.Alerter) (*domain.Ledger, 
 		RefundBackoff:        cfg.RefundBackoff,
 		MaxPendingPerContact: cfg.MaxPendingPerContact, MaxPendingPerAddress: cfg.MaxPendingPerAddress,
 		MaxLockedPerContact: cfg.MaxLockedPerContact, MaxLockedPerAddress: cfg.MaxLockedPerAddress,
+		Mail: cfg.Mail != nil,
 	}, alerts)
 	if skew := cfg.ClockSkew; skew != 0 { // test-only: KAMI_FAULT_CLOCK_SKEW
 		l.Now = func() time.Time { return time.Now().Add(skew) }
@@ -274,6 +275,7 @@ type app struct {
 	metrics    *metrics
 	alerts     *alerter
 	workers    *queue.Workers
+	mail       *queue.MailWorker // nil when KAMI_SMTP_URL is unset
 	reconciler *domain.Reconciler
 	statements *domain.StatementReconciler
 	cron       *cron.Cron
@@ -327,6 +329,11 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	a.shop = &domain.Shop{Ledger: a.ledger, Gate: gate, Scheduler: queue.NewScheduler(rdb, a.keys), Events: events,
 		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, ProviderTimeout: cfg.ProviderTimeout, CheckRetry: cfg.CloseCheckRetry, Observer: a.metrics}
 	a.workers = queue.NewWorkers(cfg.Workers, rdb, a.keys, a.shop, a.ledger, logger)
+	if cfg.Mail != nil {
+		if a.mail, err = newMailWorker(cfg, rdb, a.keys, a.shop, a.metrics.reg, logger); err != nil {
+			return nil, err
+		}
+	}
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
 		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled, Log: logger}
 	a.statements = &domain.StatementReconciler{Shop: a.shop, Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts,
@@ -350,6 +357,12 @@ func (a *app) start(ctx context.Context) error {
 		return err
 	}
 	a.closers = append(a.closers, a.workers.Stop)
+	if a.mail != nil {
+		if err := a.mail.Start(ctx); err != nil {
+			return err
+		}
+		a.closers = append(a.closers, a.mail.Stop)
+	}
 	a.cron = cron.New(cron.WithSeconds(), cron.WithChain(cron.Recover(cronLog{a.log}), cron.SkipIfStillRunning(cronLog{a.log})))
 	if _, err := a.cron.AddFunc(a.cfg.ReconcileCron, func() { a.reconcile(context.Background()) }); err != nil {
 		return fmt.Errorf("KAMI_RECONCILE_CRON: %w", err)
@@ -391,10 +404,18 @@ func (a *app) queueStats(ctx context.Context) ([]queueStat, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []queueStat{
+	stats := []queueStat{
 		{Name: "close", Backlog: c.Backlog, Leased: c.Leased, OldestOverdue: c.OldestOverdue},
 		{Name: "refund", Backlog: r.Backlog, Leased: r.Leased, OldestOverdue: r.OldestOverdue},
-	}, nil
+	}
+	if a.mail != nil {
+		m, err := a.mail.QueueStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		stats = append(stats, queueStat{Name: "mail", Backlog: m.Backlog, Leased: m.Leased, OldestOverdue: m.OldestOverdue})
+	}
+	return stats, nil
 }
 
 // Health feeds the GraphQL stats query.
