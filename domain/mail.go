@@ -489,3 +489,14 @@ func (m *Mailer) log() *slog.Logger {
 	}
 	return slog.Default()
 }
+
+// ResendOrderMail queues another mail of a PAID order's codes for an admin
+// and schedules it. Errors as Ledger.ResendOrderMail.
+func (s *Shop) ResendOrderMail(ctx context.Context, orderNo, actor string) (*MailSend, error) {
+	m, err := s.Ledger.ResendOrderMail(ctx, orderNo, actor)
+	if err != nil {
+		return nil, err
+	}
+	s.ScheduleMail(ctx, m)
+	return m, nil
+}

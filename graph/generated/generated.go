@@ -39,6 +39,7 @@ type ResolverRoot interface {
 	ImportReport() ImportReportResolver
 	Mutation() MutationResolver
 	Order() OrderResolver
+	OrderMail() OrderMailResolver
 	Payment() PaymentResolver
 	Product() ProductResolver
 	Query() QueryResolver
@@ -169,6 +170,7 @@ type ComplexityRoot struct {
 		RecallBatch         func(childComplexity int, id int64, reason string) int
 		ReconcileStatements func(childComplexity int, provider *string, date *string) int
 		RefundOrder         func(childComplexity int, orderNo string, reason *string) int
+		ResendOrderMail     func(childComplexity int, orderNo string) int
 		RetryRefund         func(childComplexity int, refundNo string) int
 		RunReconciliation   func(childComplexity int) int
 		SyncOrder           func(childComplexity int, orderNo string) int
@@ -200,6 +202,20 @@ type ComplexityRoot struct {
 	OrderEdge struct {
 		Cursor func(childComplexity int) int
 		Node   func(childComplexity int) int
+	}
+
+	OrderMail struct {
+		Attempts      func(childComplexity int) int
+		Cause         func(childComplexity int) int
+		CreatedAt     func(childComplexity int) int
+		ID            func(childComplexity int) int
+		LastError     func(childComplexity int) int
+		NextAttemptAt func(childComplexity int) int
+		OrderNo       func(childComplexity int) int
+		RequestedBy   func(childComplexity int) int
+		SentAt        func(childComplexity int) int
+		Status        func(childComplexity int) int
+		Uncertain     func(childComplexity int) int
 	}
 
 	PageInfo struct {
@@ -241,6 +257,7 @@ type ComplexityRoot struct {
 		Batches              func(childComplexity int, productID *int64, first *int, after *string) int
 		Cards                func(childComplexity int, productID *int64, batchID *int64, status *domain.CardStatus, first *int, after *string) int
 		Order                func(childComplexity int, orderNo string, accessToken *string) int
+		OrderMails           func(childComplexity int, orderNo string) int
 		Orders               func(childComplexity int, filter *model.OrderFilter, first *int, after *string) int
 		Product              func(childComplexity int, id int64) int
 		Products             func(childComplexity int, all *bool) int
@@ -460,6 +477,7 @@ type MutationResolver interface {
 	CancelOrder(ctx context.Context, orderNo string, accessToken string) (*model.Order, error)
 	RefundOrder(ctx context.Context, orderNo string, reason *string) (*domain.Refund, error)
 	RetryRefund(ctx context.Context, refundNo string) (*domain.Refund, error)
+	ResendOrderMail(ctx context.Context, orderNo string) (*domain.MailSend, error)
 	SyncOrder(ctx context.Context, orderNo string) (*domain.SyncResult, error)
 	RunReconciliation(ctx context.Context) (*domain.ReconcileRun, error)
 	ReconcileStatements(ctx context.Context, provider *string, date *string) ([]*domain.StatementRun, error)
@@ -471,6 +489,11 @@ type OrderResolver interface {
 
 	TradeNo(ctx context.Context, obj *model.Order) (*string, error)
 	Cards(ctx context.Context, obj *model.Order) ([]string, error)
+}
+type OrderMailResolver interface {
+	LastError(ctx context.Context, obj *domain.MailSend) (*string, error)
+	NextAttemptAt(ctx context.Context, obj *domain.MailSend) (*time.Time, error)
+	SentAt(ctx context.Context, obj *domain.MailSend) (*time.Time, error)
 }
 type PaymentResolver interface {
 	URL(ctx context.Context, obj *providers.PaymentAction) (*string, error)
@@ -491,6 +514,7 @@ type QueryResolver interface {
 	Cards(ctx context.Context, productID *int64, batchID *int64, status *domain.CardStatus, first *int, after *string) (*model.CardConnection, error)
 	Refunds(ctx context.Context, status *domain.RefundStatus, first *int, after *string) (*model.RefundConnection, error)
 	Stats(ctx context.Context) (*model.Stats, error)
+	OrderMails(ctx context.Context, orderNo string) ([]*domain.MailSend, error)
 	StatementRuns(ctx context.Context, provider *string, first *int, after *string) (*model.StatementRunConnection, error)
 	StatementDifferences(ctx context.Context, runID *int64, needsPerson *bool, first *int, after *string) (*model.StatementDifferenceConnection, error)
 	Batches(ctx context.Context, productID *int64, first *int, after *string) (*model.BatchConnection, error)
@@ -1050,6 +1074,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.RefundOrder(childComplexity, args["orderNo"].(string), args["reason"].(*string)), true
+	case "Mutation.resendOrderMail":
+		if e.ComplexityRoot.Mutation.ResendOrderMail == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resendOrderMail_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResendOrderMail(childComplexity, args["orderNo"].(string)), true
 	case "Mutation.retryRefund":
 		if e.ComplexityRoot.Mutation.RetryRefund == nil {
 			break
@@ -1200,6 +1235,73 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.OrderEdge.Node(childComplexity), true
+
+	case "OrderMail.attempts":
+		if e.ComplexityRoot.OrderMail.Attempts == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.Attempts(childComplexity), true
+	case "OrderMail.cause":
+		if e.ComplexityRoot.OrderMail.Cause == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.Cause(childComplexity), true
+	case "OrderMail.createdAt":
+		if e.ComplexityRoot.OrderMail.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.CreatedAt(childComplexity), true
+	case "OrderMail.id":
+		if e.ComplexityRoot.OrderMail.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.ID(childComplexity), true
+	case "OrderMail.lastError":
+		if e.ComplexityRoot.OrderMail.LastError == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.LastError(childComplexity), true
+	case "OrderMail.nextAttemptAt":
+		if e.ComplexityRoot.OrderMail.NextAttemptAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.NextAttemptAt(childComplexity), true
+	case "OrderMail.orderNo":
+		if e.ComplexityRoot.OrderMail.OrderNo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.OrderNo(childComplexity), true
+	case "OrderMail.requestedBy":
+		if e.ComplexityRoot.OrderMail.RequestedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.RequestedBy(childComplexity), true
+	case "OrderMail.sentAt":
+		if e.ComplexityRoot.OrderMail.SentAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.SentAt(childComplexity), true
+	case "OrderMail.status":
+		if e.ComplexityRoot.OrderMail.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.Status(childComplexity), true
+	case "OrderMail.uncertainAttempts":
+		if e.ComplexityRoot.OrderMail.Uncertain == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.Uncertain(childComplexity), true
 
 	case "PageInfo.endCursor":
 		if e.ComplexityRoot.PageInfo.EndCursor == nil {
@@ -1382,6 +1484,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Order(childComplexity, args["orderNo"].(string), args["accessToken"].(*string)), true
+	case "Query.orderMails":
+		if e.ComplexityRoot.Query.OrderMails == nil {
+			break
+		}
+
+		args, err := ec.field_Query_orderMails_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.OrderMails(childComplexity, args["orderNo"].(string)), true
 	case "Query.orders":
 		if e.ComplexityRoot.Query.Orders == nil {
 			break
@@ -2180,6 +2293,67 @@ func newExecutionContext(
 }
 
 var sources = []*ast.Source{
+	{Name: "../mail.graphqls", Input: `# Codes by email (KAMI_SMTP_URL): a paid order whose contact is an email
+# address is mailed its codes. Admins only.
+
+"Where a mail of an order's codes stands."
+enum MailStatus {
+  "Waiting for its next attempt (nextAttemptAt)."
+  QUEUED
+  "An attempt is under way (until nextAttemptAt)."
+  SENDING
+  "The buyer's mail server accepted it."
+  SENT
+  "Given up (refused, out of attempts, or unconfirmed twice): see lastError. resendOrderMail sends it again."
+  FAILED
+}
+
+"Why a mail was sent."
+enum MailCause {
+  "The order was paid: the one automatic mail."
+  PAID
+  "An admin asked for it again (resendOrderMail)."
+  RESEND
+}
+
+"One mail of an order's codes to its buyer."
+type OrderMail {
+  id: ID!
+  orderNo: String!
+  cause: MailCause!
+  status: MailStatus!
+  attempts: Int!
+  """
+  Attempts whose whole message the server took without kami hearing its
+  reply (it may have accepted it). A mail is sent again after at most one;
+  every copy carries the same Message-ID.
+  """
+  uncertainAttempts: Int!
+  "The last attempt's SMTP error (the step and the server's reply); null when none."
+  lastError: String
+  "When the next attempt is due (QUEUED), or when the attempt under way runs out (SENDING)."
+  nextAttemptAt: Time
+  sentAt: Time
+  "system for the automatic mail, admin for a resend."
+  requestedBy: String!
+  createdAt: Time!
+}
+
+extend type Query {
+  "An order's mails, newest first; empty when none was queued (its contact is no email address, or mail is off)."
+  orderMails(orderNo: String!): [OrderMail!]!
+}
+
+extend type Mutation {
+  """
+  Mail a PAID order's codes to its buyer again: a new mail with its own
+  Message-ID, recorded as a reveal (channel MAIL) when it is sent. CONFLICT
+  when the order is not PAID or its contact is not an email address;
+  UNAVAILABLE when mail is off.
+  """
+  resendOrderMail(orderNo: String!): OrderMail!
+}
+`, BuiltIn: false},
 	{Name: "../reconcile.graphqls", Input: `# Reconciliation: the nightly run, the gateways' statements against the
 # ledger, and syncing one order with its gateway. Admins only.
 
@@ -2903,6 +3077,8 @@ enum RevealChannel {
   ADMIN_CODE
   "A card in an admin's CSV export."
   EXPORT
+  "An order's codes in a mail to its buyer (actor mail), one per attempt."
+  MAIL
 }
 
 enum RevealViewer {
@@ -3238,6 +3414,34 @@ func (ec *executionContext) childFields_OrderEdge(ctx context.Context, field gra
 		return ec.fieldContext_OrderEdge_node(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type OrderEdge", field.Name)
+}
+
+func (ec *executionContext) childFields_OrderMail(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_OrderMail_id(ctx, field)
+	case "orderNo":
+		return ec.fieldContext_OrderMail_orderNo(ctx, field)
+	case "cause":
+		return ec.fieldContext_OrderMail_cause(ctx, field)
+	case "status":
+		return ec.fieldContext_OrderMail_status(ctx, field)
+	case "attempts":
+		return ec.fieldContext_OrderMail_attempts(ctx, field)
+	case "uncertainAttempts":
+		return ec.fieldContext_OrderMail_uncertainAttempts(ctx, field)
+	case "lastError":
+		return ec.fieldContext_OrderMail_lastError(ctx, field)
+	case "nextAttemptAt":
+		return ec.fieldContext_OrderMail_nextAttemptAt(ctx, field)
+	case "sentAt":
+		return ec.fieldContext_OrderMail_sentAt(ctx, field)
+	case "requestedBy":
+		return ec.fieldContext_OrderMail_requestedBy(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_OrderMail_createdAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type OrderMail", field.Name)
 }
 
 func (ec *executionContext) childFields_PageInfo(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3904,6 +4108,20 @@ func (ec *executionContext) field_Mutation_refundOrder_args(ctx context.Context,
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_resendOrderMail_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orderNo",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orderNo"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_retryRefund_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -4055,6 +4273,20 @@ func (ec *executionContext) field_Query_cards_args(ctx context.Context, rawArgs 
 		return nil, err
 	}
 	args["after"] = arg4
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_orderMails_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orderNo",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orderNo"] = arg0
 	return args, nil
 }
 
@@ -6370,6 +6602,50 @@ func (ec *executionContext) fieldContext_Mutation_retryRefund(ctx context.Contex
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_resendOrderMail(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resendOrderMail(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResendOrderMail(ctx, fc.Args["orderNo"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *domain.MailSend) graphql.Marshaler {
+			return ec.marshalNOrderMail2ᚖkamiᚋdomainᚐMailSend(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resendOrderMail(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_OrderMail(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resendOrderMail_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_syncOrder(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7026,6 +7302,259 @@ func (ec *executionContext) fieldContext_OrderEdge_node(_ context.Context, field
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _OrderMail_id(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNID2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "ID")
+}
+
+func (ec *executionContext) _OrderMail_orderNo(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_orderNo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OrderNo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_orderNo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "String")
+}
+
+func (ec *executionContext) _OrderMail_cause(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_cause(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cause, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.MailCause) graphql.Marshaler {
+			return ec.marshalNMailCause2kamiᚋdomainᚐMailCause(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_cause(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "MailCause")
+}
+
+func (ec *executionContext) _OrderMail_status(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v domain.MailStatus) graphql.Marshaler {
+			return ec.marshalNMailStatus2kamiᚋdomainᚐMailStatus(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "MailStatus")
+}
+
+func (ec *executionContext) _OrderMail_attempts(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_attempts(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Attempts, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_attempts(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "Int")
+}
+
+func (ec *executionContext) _OrderMail_uncertainAttempts(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_uncertainAttempts(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Uncertain, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_uncertainAttempts(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "Int")
+}
+
+func (ec *executionContext) _OrderMail_lastError(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_lastError(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.OrderMail().LastError(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_lastError(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, true, true, "String")
+}
+
+func (ec *executionContext) _OrderMail_nextAttemptAt(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_nextAttemptAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.OrderMail().NextAttemptAt(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_nextAttemptAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, true, true, "Time")
+}
+
+func (ec *executionContext) _OrderMail_sentAt(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_sentAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.OrderMail().SentAt(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_sentAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, true, true, "Time")
+}
+
+func (ec *executionContext) _OrderMail_requestedBy(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_requestedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RequestedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_requestedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "String")
+}
+
+func (ec *executionContext) _OrderMail_createdAt(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "Time")
 }
 
 func (ec *executionContext) _PageInfo_hasNextPage(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
@@ -7844,6 +8373,50 @@ func (ec *executionContext) fieldContext_Query_stats(_ context.Context, field gr
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_Stats(ctx, field)
 		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_orderMails(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_orderMails(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().OrderMails(ctx, fc.Args["orderNo"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*domain.MailSend) graphql.Marshaler {
+			return ec.marshalNOrderMail2ᚕᚖkamiᚋdomainᚐMailSendᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_orderMails(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_OrderMail(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_orderMails_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
 	}
 	return fc, nil
 }
@@ -12866,6 +13439,13 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "resendOrderMail":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resendOrderMail(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "syncOrder":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_syncOrder(ctx, field)
@@ -13077,6 +13657,92 @@ func (ec *executionContext) _OrderEdge(ctx context.Context, sel ast.SelectionSet
 			out.Values[i] = ec._OrderEdge_node(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var orderMailImplementors = []string{"OrderMail"}
+
+func (ec *executionContext) _OrderMail(ctx context.Context, sel ast.SelectionSet, obj *domain.MailSend) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, orderMailImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("OrderMail")
+		case "id":
+			out.Values[i] = ec._OrderMail_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "orderNo":
+			out.Values[i] = ec._OrderMail_orderNo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "cause":
+			out.Values[i] = ec._OrderMail_cause(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "status":
+			out.Values[i] = ec._OrderMail_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "attempts":
+			out.Values[i] = ec._OrderMail_attempts(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "uncertainAttempts":
+			out.Values[i] = ec._OrderMail_uncertainAttempts(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "lastError":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._OrderMail_lastError(ctx, field, obj)
+				})
+		case "nextAttemptAt":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._OrderMail_nextAttemptAt(ctx, field, obj)
+				})
+		case "sentAt":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._OrderMail_sentAt(ctx, field, obj)
+				})
+		case "requestedBy":
+			out.Values[i] = ec._OrderMail_requestedBy(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "createdAt":
+			out.Values[i] = ec._OrderMail_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -13383,6 +14049,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_stats(ctx, field)
+				})
+		case "orderMails":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_orderMails(ctx, field)
 				})
 		case "statementRuns":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
@@ -15135,6 +15807,36 @@ func (ec *executionContext) marshalNInt2int(ctx context.Context, sel ast.Selecti
 	return res
 }
 
+func (ec *executionContext) unmarshalNMailCause2kamiᚋdomainᚐMailCause(ctx context.Context, v any) (domain.MailCause, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.MailCause(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNMailCause2kamiᚋdomainᚐMailCause(ctx context.Context, sel ast.SelectionSet, v domain.MailCause) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "MailCause!")
+	}
+	return res
+}
+
+func (ec *executionContext) unmarshalNMailStatus2kamiᚋdomainᚐMailStatus(ctx context.Context, v any) (domain.MailStatus, error) {
+	tmp, err := graphql.UnmarshalString(v)
+	res := domain.MailStatus(tmp)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNMailStatus2kamiᚋdomainᚐMailStatus(ctx context.Context, sel ast.SelectionSet, v domain.MailStatus) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(string(v))
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "MailStatus!")
+	}
+	return res
+}
+
 func (ec *executionContext) unmarshalNMoney2int64(ctx context.Context, v any) (int64, error) {
 	res, err := model.UnmarshalMoney(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -15187,6 +15889,30 @@ func (ec *executionContext) marshalNOrderEdge2ᚖkamiᚋgraphᚋmodelᚐOrderEdg
 		return graphql.Null
 	}
 	return ec._OrderEdge(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNOrderMail2ᚕᚖkamiᚋdomainᚐMailSendᚄ(ctx context.Context, sel ast.SelectionSet, v []*domain.MailSend) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNOrderMail2ᚖkamiᚋdomainᚐMailSend(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNOrderMail2ᚖkamiᚋdomainᚐMailSend(ctx context.Context, sel ast.SelectionSet, v *domain.MailSend) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "OrderMail!")
+		return graphql.Null
+	}
+	return ec._OrderMail(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNOrderStatus2kamiᚋdomainᚐOrderStatus(ctx context.Context, v any) (domain.OrderStatus, error) {
