@@ -121,6 +121,17 @@ func TestSendOutcomes(t *testing.T) {
 	}
 }
 
+func TestSendImplicitTLS(t *testing.T) {
+	t.Parallel()
+	srv := mailtest.StartImplicit(t, func(int) mailtest.Answer { return mailtest.Accept })
+	if err := sender(t, srv, 10*time.Second).Send(context.Background(), message()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(srv.Received()); n != 1 {
+		t.Fatalf("server stored %d messages, want 1", n)
+	}
+}
+
 func TestSendRequiresTLS(t *testing.T) {
 	t.Parallel()
 	srv := mailtest.Start(t, func(int) mailtest.Answer { return mailtest.Accept })
@@ -136,6 +147,13 @@ func TestSendRequiresTLS(t *testing.T) {
 	}
 	if srv.Attempts() != 0 {
 		t.Fatal("a message was begun over an untrusted connection")
+	}
+	plain := mailtest.StartWithoutTLS(t, func(int) mailtest.Answer { return mailtest.Accept })
+	if err := sender(t, plain, 5*time.Second).Send(context.Background(), message()); !errors.As(err, &me) || me.Outcome != mail.NotSent {
+		t.Fatalf("Send to a server without STARTTLS = %v, want not sent", err)
+	}
+	if plain.Attempts() != 0 {
+		t.Fatal("a message was begun in the clear")
 	}
 }
 

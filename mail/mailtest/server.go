@@ -56,7 +56,8 @@ type Server struct {
 	Host string
 	Port int
 	// Roots trusts the server's certificate.
-	Roots *x509.CertPool
+	Roots    *x509.CertPool
+	implicit bool
 
 	mu       sync.Mutex
 	answer   func(n int) Answer
@@ -66,21 +67,53 @@ type Server struct {
 	release  chan struct{} // closed at cleanup: stalled sessions end
 }
 
-// Start starts a server on 127.0.0.1 that answers the n-th message
-// (counting MAIL commands from 1) with answer(n). It stops at the test's
-// end.
+// Start starts a server on 127.0.0.1 that offers STARTTLS and answers the
+// n-th message (counting MAIL commands from 1) with answer(n). It stops at
+// the test's end.
 func Start(t testing.TB, answer func(n int) Answer) *Server {
+	t.Helper()
+	return start(t, answer, startTLS)
+}
+
+// How a server offers TLS.
+const (
+	startTLS = iota
+	implicitTLS
+	noTLS
+)
+
+// StartImplicit is Start for a server that speaks TLS from the first byte
+// (smtps).
+func StartImplicit(t testing.TB, answer func(n int) Answer) *Server {
+	t.Helper()
+	return start(t, answer, implicitTLS)
+}
+
+// StartWithoutTLS is Start for a server that offers no TLS at all: a
+// client that requires it must not send.
+func StartWithoutTLS(t testing.TB, answer func(n int) Answer) *Server {
+	t.Helper()
+	return start(t, answer, noTLS)
+}
+
+func start(t testing.TB, answer func(n int) Answer, mode int) *Server {
 	t.Helper()
 	cert, roots := selfSigned(t)
 	s := &Server{Roots: roots, answer: answer, changed: make(chan struct{}), release: make(chan struct{})}
 	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &session{s: s}, nil }))
 	srv.Domain = "localhost"
-	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if mode != noTLS {
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	srv.ErrorLog = discardLog{}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if mode == implicitTLS {
+		l = tls.NewListener(l, srv.TLSConfig)
+	}
+	s.implicit = mode == implicitTLS
 	addr := l.Addr().(*net.TCPAddr)
 	s.Host, s.Port = "127.0.0.1", addr.Port
 	go func() { _ = srv.Serve(l) }()
@@ -95,12 +128,18 @@ func Start(t testing.TB, answer func(n int) Answer) *Server {
 // certificate, with each step bounded by timeout.
 func (s *Server) Config(shop string, timeout time.Duration) kmail.Config {
 	from, _ := mail.ParseAddress("Test Shop <codes@shop.example>")
-	return kmail.Config{Server: kmail.Server{Host: s.Host, Port: s.Port}, From: from, ShopName: shop,
+	return kmail.Config{Server: kmail.Server{Host: s.Host, Port: s.Port, Implicit: s.implicit}, From: from, ShopName: shop,
 		Timeout: timeout, TLS: &tls.Config{RootCAs: s.Roots, MinVersion: tls.VersionTLS12}}
 }
 
 // URL is KAMI_SMTP_URL for s.
-func (s *Server) URL() string { return "smtp://" + net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
+func (s *Server) URL() string {
+	scheme := "smtp://"
+	if s.implicit {
+		scheme = "smtps://"
+	}
+	return scheme + net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+}
 
 // Received returns the messages stored so far.
 func (s *Server) Received() []Received {
