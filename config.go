@@ -290,8 +290,10 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	return c, errors.Join(errs...)
 }
 
-// mailSettings reads KAMI_SMTP_URL, KAMI_MAIL_FROM and KAMI_SHOP_NAME
-// (default "kami"); nil when no SMTP server is set.
+// mailSettings reads KAMI_SMTP_URL, KAMI_MAIL_FROM, KAMI_SHOP_NAME
+// (default "kami") and KAMI_SMTP_TIMEOUT (each step of a send: connect,
+// each command, the message's end and its reply; default 30s); nil when
+// no SMTP server is set.
 func mailSettings(getenv func(string) string) (*mail.Config, error) {
 	shop := or(getenv("KAMI_SHOP_NAME"), "kami")
 	var errs []error
@@ -310,10 +312,14 @@ func mailSettings(getenv func(string) string) (*mail.Config, error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("KAMI_MAIL_FROM: %w (needed with KAMI_SMTP_URL)", err))
 	}
+	timeout, err := duration(getenv("KAMI_SMTP_TIMEOUT"), 30*time.Second)
+	if err != nil || timeout < time.Second || timeout > 10*time.Minute {
+		errs = append(errs, errors.New("KAMI_SMTP_TIMEOUT: want a duration from 1s to 10m, like 30s"))
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	return &mail.Config{Server: srv, From: from, ShopName: shop}, nil
+	return &mail.Config{Server: srv, From: from, ShopName: shop, Timeout: timeout}, nil
 }
 
 // cronParser reads cron specs as the server's cron does (cron.WithSeconds).

@@ -228,7 +228,11 @@ func (s *Sender) Send(ctx context.Context, m Message) error {
 	if sendErr == nil {
 		return &Error{Outcome: NotSent, Detail: "the server did not confirm the message"}
 	}
-	return sendError(sendErr)
+	e := sendError(sendErr)
+	// A server's refusal often names the recipient; the detail is logged
+	// and stored, and a buyer's address is neither.
+	e.Detail = strings.ReplaceAll(e.Detail, m.To, "<buyer>")
+	return e
 }
 
 // client returns a go-mail client for one send.
@@ -263,18 +267,17 @@ func dialError(err error) error {
 // (closing the DATA writer: the final "." and its reply) can leave the
 // server holding a message without kami knowing: a lost reply there is
 // Uncertain. Every failure before it is NotSent (or Refused for a 5xx).
-func sendError(err error) error {
+func sendError(err error) *Error {
 	var se *gomail.SendError
 	if !errors.As(err, &se) {
 		return &Error{Outcome: NotSent, Detail: bound(err.Error())}
 	}
 	code := se.ErrorCode()
 	detail := se.Reason.String()
-	if code != 0 {
-		detail += ": " + strconv.Itoa(code)
-	}
 	if text := serverText(err); text != "" {
-		detail += " " + text
+		detail += ": " + text // the server's reply, its code first
+	} else if code != 0 {
+		detail += ": " + strconv.Itoa(code)
 	}
 	e := &Error{Outcome: NotSent, Code: code, Detail: bound(detail)}
 	switch {

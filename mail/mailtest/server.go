@@ -205,7 +205,8 @@ func (x *session) Data(r io.Reader) error {
 	}
 	switch x.answer {
 	case Refuse:
-		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "refused by the test server"}
+		// Real servers name the recipient they refuse.
+		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "<" + x.to + ">: refused by the test server"}
 	case TryLater:
 		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
 	}
