@@ -283,17 +283,24 @@ func (l *Ledger) BeginMailAttempt(ctx context.Context, id int64, budget time.Dur
 			reason = fmt.Sprintf("an attempt's process ended mid-send, after %d uncertain attempts: the buyer may have the mail; not sent again", m.Uncertain)
 		}
 		if reason != "" {
-			if _, err := apply(ctx, tx, MailGiveUp, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", reason), col("next_due_at = NULL")); err != nil {
+			n, err := apply(ctx, tx, MailGiveUp, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", reason), col("next_due_at = NULL"))
+			if err != nil {
 				return err
 			}
-			alert = &Alert{Kind: "mail_failed", Subject: m.OrderNo, Message: fmt.Sprintf("mail %d: %s", id, reason)}
+			if n == 1 {
+				alert = &Alert{Kind: "mail_failed", Subject: m.OrderNo, Message: fmt.Sprintf("mail %d: %s", id, reason)}
+			}
 			cur, err = mailIn(ctx, tx, id)
 			return err
 		}
 		n, err := apply(ctx, tx, t, now, byAttempt, col("attempts = ?", m.Attempts+1), col("uncertain = ?", uncertain),
 			col("next_due_at = ?", due.Add(budget)))
-		if err != nil || n == 0 {
-			return err // n == 0: another worker began it first
+		if err != nil {
+			return err
+		}
+		if n == 0 { // another worker began it first
+			cur, err = mailIn(ctx, tx, id)
+			return err
 		}
 		p, err := productsByID(ctx, tx, []int64{o.ProductID})
 		if err != nil {

@@ -367,3 +367,24 @@ func retryable(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "deadlock") || strings.Contains(s, "busy") || strings.Contains(s, "locked")
 }
+
+// TestMailNotSentForARefundedOrder: an admin refunded the order before its
+// mail went out: the codes are not mailed, and the mail says why.
+func TestMailNotSentForARefundedOrder(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, m := mailSetup(t, db, always(mailtest.Accept), 10*time.Second)
+		o, queued := paidWithMail(t, b)
+		if _, err := b.ledger.RequestRefund(b.ctx, o.OrderNo, "", "admin"); err != nil {
+			t.Fatal(err)
+		}
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailFailed || !strings.Contains(row.LastError, "REFUNDING") || srv.Attempts() != 0 {
+			t.Fatalf("mail of a refunded order: %+v, %d attempts at the server", row, srv.Attempts())
+		}
+		page, err := b.ledger.ListReveals(b.ctx, o.OrderNo, 0, 0, 10)
+		if err != nil || len(page.Reveals) != 0 {
+			t.Fatalf("reveals %+v, %v; want none", page, err)
+		}
+	})
+}
