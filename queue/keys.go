@@ -59,6 +59,9 @@ func (k Keys) MailQueue() string { return k.prefix + "{delay:mail:send}" }
 // MailLease holds claimed mail tasks.
 func (k Keys) MailLease() string { return k.MailQueue() + ":lease" }
 
+// MailSweepLock keeps the mail sweeper to one process per interval.
+func (k Keys) MailSweepLock() string { return k.Lock("sweep:mail") }
+
 // Stock is the admission counter of a product: how many cards may still be
 // sold. The product id is the hash tag.
 func (k Keys) Stock(productID int64) string {

@@ -190,7 +190,7 @@ func (w *MailWorker) sweepLocked() {
 	}
 	ttl := max(w.cfg.SweepEvery/2, time.Second)
 	now := time.Now()
-	got, err := lockScript.Run(w.ctx, w.rdb, []string{w.keys.Lock("sweep:mail")}, now.UnixMilli(), now.Add(ttl).UnixMilli(), ttl.Milliseconds()).Int()
+	got, err := lockScript.Run(w.ctx, w.rdb, []string{w.keys.MailSweepLock()}, now.UnixMilli(), now.Add(ttl).UnixMilli(), ttl.Milliseconds()).Int()
 	if err != nil || got == 0 {
 		if err != nil {
 			w.redisErrs.Add(1)
