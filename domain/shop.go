@@ -62,7 +62,9 @@ type Shop struct {
 	// at the provider; an order without a clear "not paid" is not closed.
 	// On in the server.
 	PreCloseCheck bool
-	// ProviderTimeout bounds each call made to a provider on the close path.
+	// ProviderTimeout bounds each call made to a provider (the pre-close
+	// check, order sync, statement look-ups); default 10 s, as the server's
+	// KAMI_PROVIDER_TIMEOUT.
 	ProviderTimeout time.Duration
 	// CheckRetry is how long an order waits to be checked again when its
 	// pre-close check had no clear answer; default DefaultCheckRetry.
@@ -537,10 +539,7 @@ const (
 // them or finds them not due. An error (the orders could not be read)
 // means nothing was checked, and nothing may close.
 func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time) (closeNow []string, decided []CloseResult, err error) {
-	timeout := s.ProviderTimeout
-	if timeout <= 0 {
-		timeout = 3 * time.Second
-	}
+	timeout := s.providerTimeout()
 	orderNos = uniqueSorted(orderNos) // an order listed twice is checked once
 	var due []Order
 	q := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "product_id", "provider", "status", "expires_at").
