@@ -856,8 +856,9 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 			// poll (a day of that is the stale-refund alert).
 			return s.refundAwaiting(ctx, r, providers.RefundResult{}, "refund query: "+errorDetail(err)+"; accepted by the provider before, still awaited")
 		case err != nil:
-			// The state is unknown: do not refund blind.
-			return s.refundFailed(ctx, r, "refund query: "+errorDetail(err))
+			// The state is unknown: do not refund blind, and do not call
+			// it failed either (an earlier attempt may have been made).
+			return s.refundUnconfirmed(ctx, r, "refund query: "+errorDetail(err))
 		case res.State == providers.RefundSucceeded:
 			return s.refundSucceeded(ctx, r, res.ProviderRefundID)
 		case res.State == providers.RefundProcessing:
@@ -867,6 +868,10 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	}
 	res, err := p.Refund(ctx, req)
 	if err != nil {
+		if providers.KindOf(err) == providers.Temporary {
+			// No answer: the gateway may have made the refund.
+			return s.refundUnconfirmed(ctx, r, errorDetail(err))
+		}
 		return s.refundFailed(ctx, r, errorDetail(err))
 	}
 	switch res.State {
@@ -913,14 +918,29 @@ func (s *Shop) refundAwaiting(ctx context.Context, r *Refund, res providers.Refu
 }
 
 func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Refund, error) {
+	return s.refundMissed(ctx, r, detail, s.Ledger.RefundAttemptFailed)
+}
+
+// refundUnconfirmed records an attempt whose outcome is unknown: past the
+// backoff the refund stays PROCESSING on the slow poll (result
+// "unconfirmed"), never FAILED.
+func (s *Shop) refundUnconfirmed(ctx context.Context, r *Refund, detail string) (*Refund, error) {
+	return s.refundMissed(ctx, r, detail, s.Ledger.RefundUnconfirmed)
+}
+
+func (s *Shop) refundMissed(ctx context.Context, r *Refund, detail string,
+	record func(ctx context.Context, refundNo string, attempt int, detail string) (*Refund, error)) (*Refund, error) {
 	attempt := r.RetryCount + 1
-	r, err := s.Ledger.RefundAttemptFailed(ctx, r.RefundNo, r.RetryCount, detail)
+	r, err := record(ctx, r.RefundNo, r.RetryCount, detail)
 	if err != nil {
 		return nil, err
 	}
 	result := "retry"
-	if r.Status == RefundFailed {
+	switch {
+	case r.Status == RefundFailed:
 		result = "failed"
+	case attempt > len(s.Ledger.cfg.RefundBackoff):
+		result = "unconfirmed"
 	}
 	s.observer().RefundAttempt(result, attempt)
 	s.logRefundAttempt(ctx, r, attempt, result, detail)
