@@ -76,6 +76,8 @@ type options struct {
 	noDirect, keep                 bool
 	jsonFile                       string
 	timeout                        time.Duration
+	profileDir                     string
+	profileFor                     time.Duration
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -99,6 +101,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.noDirect, "no-direct", false, "skip the direct phase")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database, the Redis keys and the temp folder")
 	fs.StringVar(&o.jsonFile, "json", "", "also write the report as JSON to this file")
+	fs.StringVar(&o.profileDir, "profile", "", "write the started server's CPU profile of the place phase and of the close phase, and its allocations during the place phase, to this folder (the server serves them on a loopback KAMI_PPROF_ADDR)")
+	fs.DurationVar(&o.profileFor, "profile-seconds", 8*time.Second, "with -profile: how long each CPU profile runs, from the start of its phase")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the run after the build")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -121,6 +125,9 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-db-max-conns: want at least 1")
 	case o.directOrders < 0 || o.directOrders > 2_000_000:
 		return nil, fmt.Errorf("-direct-orders: want 0 to 2000000")
+	}
+	if o.profileDir != "" && o.url != "" {
+		return nil, fmt.Errorf("-profile: only for a server the tool starts (not with -url)")
 	}
 	if o.directOrders == 0 {
 		o.directOrders = o.orders
@@ -208,6 +215,7 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 
 	// The server.
+	var prof *profiler // with -profile
 	base, adminToken, secret, pid := o.url, o.adminToken, o.sandboxSecret, o.pid
 	var srv *serverProc
 	if o.url == "" {
@@ -254,6 +262,19 @@ func run(ctx context.Context, o *options) (code int) {
 			"KAMI_MAX_LOCKED_PER_CONTACT=0", // one address places every order
 			"KAMI_MAX_LOCKED_PER_ADDRESS=0",
 			"KAMI_LOG_LEVEL=warn",
+		}
+		if o.profileDir != "" {
+			paddr, err := freeLoopbackAddr()
+			if err != nil {
+				return fail("%v", err)
+			}
+			if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+				return fail("-profile: %v", err)
+			}
+			env = append(env, "KAMI_PPROF_ADDR="+paddr)
+			prof = newProfiler(paddr, o.profileDir)
+			rep.Notes = append(rep.Notes, fmt.Sprintf("profiles in %s: go tool pprof -top -nodecount=15 %s %s", o.profileDir, bin,
+				filepath.Join(o.profileDir, "cpu-place.pprof")))
 		}
 		progress("starting kami on %s", addr)
 		if srv, err = startKami(ctx, bin, env, base); err != nil {
@@ -306,9 +327,24 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	probe := cpuProbe{serverPID: pid, dbName: dbNameOf(dbURL)}
 	cpu0 := probe.take()
+	var placeCPU func() error
+	if prof != nil {
+		if err := prof.fetch(runCtx, "allocs", "allocs-before.pprof"); err != nil {
+			rep.Notes = append(rep.Notes, "profile: "+err.Error())
+		}
+		placeCPU = prof.cpu(runCtx, o.profileFor, "cpu-place.pprof")
+	}
 	progress("placing %d orders at concurrency %d, paying %.0f%%", o.orders, o.concurrency, 100*o.payShare)
 	lr := runLoad(runCtx, c, productID, runID, o.orders, o.concurrency, o.payShare)
 	placeEnd := time.Now()
+	if prof != nil {
+		if err := prof.fetch(runCtx, "allocs", "allocs-after.pprof"); err != nil {
+			rep.Notes = append(rep.Notes, "profile: "+err.Error())
+		}
+		if err := placeCPU(); err != nil {
+			rep.Notes = append(rep.Notes, "profile: "+err.Error())
+		}
+	}
 	rep.Process.PlaceCPU = cpuUse(cpu0, probe.take())
 	wall := lr.wall
 	rep.Place = PlaceReport{OK: len(lr.placed), Errors: lr.placeErrors, WallSeconds: wall.Seconds(),
@@ -325,7 +361,16 @@ func run(ctx context.Context, o *options) (code int) {
 	pidProduct, _ := strconv.ParseInt(productID, 10, 64)
 	if db != nil && runCtx.Err() == nil {
 		progress("waiting for the %d unpaid orders to close", len(lr.placed)-len(lr.paid))
+		var closeCPU func() error
+		if prof != nil {
+			closeCPU = prof.cpu(runCtx, o.profileFor, "cpu-close.pprof")
+		}
 		cr, err := waitForCloses(runCtx, db, pidProduct, len(lr.placed)-len(lr.paid), placeEnd)
+		if closeCPU != nil {
+			if err := closeCPU(); err != nil {
+				rep.Notes = append(rep.Notes, "profile: "+err.Error())
+			}
+		}
 		if err != nil {
 			rep.Notes = append(rep.Notes, "measuring closes: "+err.Error())
 		} else {
