@@ -21,11 +21,13 @@
 //     (successful createOrder over the phase's wall time, payments
 //     included, as a shop sees them), createOrder latency, errors by
 //     extensions.code, payments per second and their latency.
+//
 //  2. Close: the unpaid orders expire after KAMI_ORDER_TTL (-ttl, short)
 //     and kami's close workers close them. The tool counts orders by status
 //     in the database until none is PENDING, then reports closes per second
 //     (closed orders over the time from the first expiry to the last close)
 //     and due-to-closed latency (closed_at − expires_at per order).
+//
 //  3. Direct: the same database, opened in this process with domain.OpenDB
 //     and a pool as large as the server's, runs the same number of
 //     Ledger.PlaceOrder calls at the same concurrency on a new product.
@@ -36,15 +38,18 @@
 //     events; the ratio end-to-end / direct is what kami's layers leave of
 //     it. Direct orders get a TTL of an hour so that the server never
 //     closes them while the phase runs.
+//
 //  4. Subscriptions: -subscriptions orderStatusChanged subscriptions (20
 //     to a WebSocket) on the direct phase's pending orders; reported: the
 //     server's VmRSS per 1,000.
+//
 //  5. Drain: the server is stopped (SIGTERM), -drain orders are placed
 //     directly with a TTL of one second and their closes scheduled in
 //     Redis as the server schedules them, and once all are due the server
 //     is started again. Reported: closes/s from /readyz to the last close
 //     (the pre-close check asks the sandbox about each order), the close
 //     queue's Redis memory per 10,000 pending orders, the server's memory.
+//
 //  6. Check: the server's peak memory (VmHWM from /proc, and the largest
 //     VmRSS sampled during the run), its CPU use while placing, a clean
 //     exit on SIGTERM, and Ledger.Audit over the whole database: a load
