@@ -34,8 +34,15 @@ func BenchmarkStorefront(b *testing.B) {
 	paid := bb.order(b, id, 1, "paid@example.com")
 	bb.pay(b, paid.Order.OrderNo, "T-BENCH")
 
-	post := func(b *testing.B, query string, vars map[string]any) {
-		body, _ := json.Marshal(map[string]any{"query": query, "variables": vars})
+	// post sends the query's text, or with hash its hash alone (an
+	// automatic persisted query kami already keeps).
+	post := func(b *testing.B, query string, vars map[string]any, hash ...bool) {
+		payload := map[string]any{"query": query, "variables": vars}
+		if len(hash) > 0 {
+			payload = map[string]any{"variables": vars, "extensions": map[string]any{
+				"persistedQuery": map[string]any{"version": 1, "sha256Hash": sha(query)}}}
+		}
+		body, _ := json.Marshal(payload)
 		req := httptest.NewRequest(http.MethodPost, "/graphql", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
@@ -59,6 +66,26 @@ func BenchmarkStorefront(b *testing.B) {
 		vars := map[string]any{"no": paid.Order.OrderNo, "t": paid.AccessToken}
 		for range b.N {
 			post(b, storefrontOrder, vars)
+		}
+	})
+	// The same two by hash, once kami keeps their texts.
+	for _, q := range []string{storefrontCreate, storefrontOrder} {
+		body, _ := json.Marshal(map[string]any{"query": q, "extensions": map[string]any{
+			"persistedQuery": map[string]any{"version": 1, "sha256Hash": sha(q)}}})
+		req := httptest.NewRequest(http.MethodPost, "/graphql", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		bb.handler.ServeHTTP(httptest.NewRecorder(), req) // its answer does not matter: the text is kept
+	}
+	b.Run("createOrder/hash", func(b *testing.B) {
+		for i := range b.N {
+			post(b, storefrontCreate, map[string]any{"in": map[string]any{"productId": id, "quantity": 1,
+				"contact": fmt.Sprintf("hash-buyer%d@example.com", i), "provider": "sandbox"}}, true)
+		}
+	})
+	b.Run("order/hash", func(b *testing.B) {
+		vars := map[string]any{"no": paid.Order.OrderNo, "t": paid.AccessToken}
+		for range b.N {
+			post(b, storefrontOrder, vars, true)
 		}
 	})
 }
