@@ -124,7 +124,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.noDirect, "no-direct", false, "skip the direct phase")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database, the Redis keys and the temp folder")
 	fs.StringVar(&o.jsonFile, "json", "", "also write the report as JSON to this file")
-	fs.StringVar(&o.profileDir, "profile", "", "write the started server's CPU profiles of the place, close and drain phases, and its allocations during the place phase, to this folder (the server serves them on a loopback KAMI_PPROF_ADDR)")
+	fs.StringVar(&o.profileDir, "profile", "", "write the started server's CPU profiles of the place, close and drain phases, its allocations during the place phase and its heap with the subscriptions open, to this folder (the server serves them on a loopback KAMI_PPROF_ADDR)")
 	fs.DurationVar(&o.profileFor, "profile-for", 8*time.Second, "with -profile: how long each CPU profile runs, from the start of its phase")
 	fs.DurationVar(&o.pgbenchFor, "pgbench", 10*time.Second, "run pgbench -N (16 clients) this long on a scratch database of -pg first, as the baseline (when pgbench is installed and the tool makes the database); 0: skip")
 	fs.IntVar(&o.subscriptions, "subscriptions", 1000, "orderStatusChanged subscriptions to open on pending orders after the direct phase, for the server's memory per 1,000; 0: skip")
@@ -450,7 +450,7 @@ func run(ctx context.Context, o *options) (code int) {
 	// Subscriptions: on the direct phase's orders, pending for an hour.
 	if srv != nil && db != nil && rep.Direct != nil && o.subscriptions > 0 && runCtx.Err() == nil {
 		progress("opening %d subscriptions", o.subscriptions)
-		sr, err := measureSubscriptions(runCtx, db, base, adminToken, "bench-direct-"+runID, o.subscriptions, pid)
+		sr, err := measureSubscriptions(runCtx, db, base, adminToken, "bench-direct-"+runID, o.subscriptions, pid, prof)
 		if err != nil {
 			rep.Notes = append(rep.Notes, "subscriptions: "+err.Error())
 		}

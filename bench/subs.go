@@ -99,7 +99,8 @@ func openSubscriptions(ctx context.Context, base, adminToken string, orderNos []
 // measureSubscriptions opens n subscriptions, 20 to a connection (the
 // default per-connection cap), on pending orders of the product named
 // product, and reports the server's resident memory before and with them.
-func measureSubscriptions(ctx context.Context, db *bun.DB, base, adminToken, product string, n, pid int) (*SubscriptionsReport, error) {
+// With prof, the server's heap is saved while they are open.
+func measureSubscriptions(ctx context.Context, db *bun.DB, base, adminToken, product string, n, pid int, prof *profiler) (*SubscriptionsReport, error) {
 	var orderNos []string
 	if err := db.NewSelect().Table("orders").Column("order_no").
 		Where("product_id = (SELECT id FROM products WHERE name = ?)", product).Where("status = ?", domain.OrderPending).
@@ -119,6 +120,11 @@ func measureSubscriptions(ctx context.Context, db *bun.DB, base, adminToken, pro
 	after, err := procStatusKiB(pid, "VmRSS")
 	if err != nil {
 		return nil, err
+	}
+	if prof != nil {
+		if err := prof.fetch(ctx, "heap", "heap-subscriptions.pprof"); err != nil {
+			return nil, err
+		}
 	}
 	rep.Open, rep.Connections = len(orderNos), conns
 	rep.RSSBeforeMiB, rep.RSSOpenMiB = float64(before)/1024, float64(after)/1024
