@@ -82,6 +82,9 @@ type Config struct {
 	// MaxUploadBytes bounds a file import's upload (KAMI_MAX_UPLOAD_BYTES,
 	// default 32 MiB); a larger one is refused before it is read whole.
 	MaxUploadBytes int64
+	// PprofAddr (KAMI_PPROF_ADDR), when set, serves Go's profiles
+	// (/debug/pprof/) on this loopback address; default off.
+	PprofAddr string
 
 	// Workers tunes the queue workers; tests shorten its intervals.
 	// KAMI_SWEEP_EVERY (default 1m) is how often the sweeper rebuilds what
@@ -264,6 +267,11 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 	c.BodyReadTimeout, c.WriteTimeout, c.SubscriptionPoll = 10*time.Second, 30*time.Second, 5*time.Second
 	if c.MaxUploadBytes, err = byteSize(getenv("KAMI_MAX_UPLOAD_BYTES"), graph.DefaultMaxUploadBytes); err != nil || c.MaxUploadBytes < 1<<10 || c.MaxUploadBytes > 8<<30 {
 		bad("KAMI_MAX_UPLOAD_BYTES", "want a size from 1KiB to 8GiB, like 33554432, 32MiB or 512KiB")
+	}
+	if c.PprofAddr = strings.TrimSpace(getenv("KAMI_PPROF_ADDR")); c.PprofAddr != "" {
+		if err := checkPprofAddr(c.PprofAddr); err != nil {
+			bad("KAMI_PPROF_ADDR", err.Error())
+		}
 	}
 	if c.AlertWebhook != "" && !strings.HasPrefix(c.AlertWebhook, "https://") && !strings.HasPrefix(c.AlertWebhook, "http://") {
 		bad("KAMI_ALERT_WEBHOOK", "want an http(s) URL")

@@ -66,7 +66,7 @@ func newMetrics(queues func(context.Context) ([]queueStat, error)) *metrics {
 	m.payments = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_payments_total",
 		Help: "Payments applied, by outcome (DELIVERED, DUPLICATE, LATE_REFUND, LATE_DELIVERED, DUPLICATE_REFUNDS)."}, []string{"outcome"})
 	m.refundAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_refund_attempts_total",
-		Help: "Refund attempts by result (succeeded, retry, failed, processing: accepted and still processing at the provider) and attempt number."}, []string{"result", "attempt"})
+		Help: "Refund attempts by result (succeeded, retry, failed, processing: accepted and still processing at the provider, unconfirmed: no answer past the backoff, still asked about) and attempt number (10+ past the tenth)."}, []string{"result", "attempt"})
 	m.webhooks = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_webhook_notifications_total",
 		Help: "Provider notifications received, by provider and result (ok, invalid, refused, error)."}, []string{"provider", "result"})
 	m.graphql = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_graphql_requests_total",
@@ -154,7 +154,13 @@ func (m *metrics) PaymentRecorded(outcome domain.PaymentOutcome) {
 	m.payments.WithLabelValues(string(outcome)).Inc()
 }
 func (m *metrics) RefundAttempt(result string, attempt int) {
-	m.refundAttempts.WithLabelValues(result, strconv.Itoa(attempt)).Inc()
+	// A refund whose outcome stays unknown is asked about on the slow poll
+	// for as long as it takes: its later attempts share one label.
+	label := strconv.Itoa(attempt)
+	if attempt > 10 {
+		label = "10+"
+	}
+	m.refundAttempts.WithLabelValues(result, label).Inc()
 }
 func (m *metrics) Webhook(provider, result string) {
 	m.webhooks.WithLabelValues(provider, result).Inc()

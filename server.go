@@ -724,6 +724,15 @@ func serve(ctx context.Context, cfg *Config, logger *slog.Logger, stdout io.Writ
 		a.Close(context.Background())
 		return fmt.Errorf("KAMI_ADDR: %w", err)
 	}
+	if cfg.PprofAddr != "" {
+		stopPprof, err := servePprof(cfg.PprofAddr, logger)
+		if err != nil {
+			ln.Close()
+			a.Close(context.Background())
+			return err
+		}
+		defer stopPprof()
+	}
 	srv := &http.Server{Handler: a.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

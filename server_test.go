@@ -264,3 +264,26 @@ func TestPlaceOrderBadInputNotEchoed(t *testing.T) {
 		}
 	}
 }
+
+// Profiles are off by default and served on loopback only.
+func TestPprofOnLoopbackOnly(t *testing.T) {
+	t.Parallel()
+	if c, err := loadConfig(env{}.get); err != nil || c.PprofAddr != "" {
+		t.Fatalf("default KAMI_PPROF_ADDR %q, %v; want off", c.PprofAddr, err)
+	}
+	for _, bad := range []string{"0.0.0.0:6060", ":6060", "10.0.0.5:6060", "example.com:6060", "6060"} {
+		if _, err := loadConfig(env{"KAMI_PPROF_ADDR": bad}.get); err == nil || !strings.Contains(err.Error(), "KAMI_PPROF_ADDR") {
+			t.Errorf("KAMI_PPROF_ADDR=%s: %v; want refused", bad, err)
+		}
+	}
+	for _, good := range []string{"127.0.0.1:6060", "[::1]:6060", "localhost:0"} {
+		if c, err := loadConfig(env{"KAMI_PPROF_ADDR": good}.get); err != nil || c.PprofAddr != good {
+			t.Errorf("KAMI_PPROF_ADDR=%s: %v", good, err)
+		}
+	}
+	stop, err := servePprof("127.0.0.1:0", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+}

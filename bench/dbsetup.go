@@ -122,17 +122,24 @@ func freshPostgres(ctx context.Context, adminURL string) (dbURL, name string, dr
 	return u.String(), name, drop, nil
 }
 
-// dropRedisPrefix deletes the keys this run's server made under prefix.
-func dropRedisPrefix(redisURL, prefix string) error {
-	var rdb redis.UniversalClient
+// redisClient opens the Redis of -redis: a URL, or cluster nodes
+// separated by commas.
+func redisClient(redisURL string) (redis.UniversalClient, error) {
 	if strings.Contains(redisURL, "://") {
 		opt, err := redis.ParseURL(redisURL)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		rdb = redis.NewClient(opt)
-	} else {
-		rdb = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(redisURL, ",")})
+		return redis.NewClient(opt), nil
+	}
+	return redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(redisURL, ",")}), nil
+}
+
+// dropRedisPrefix deletes the keys this run's server made under prefix.
+func dropRedisPrefix(redisURL, prefix string) error {
+	rdb, err := redisClient(redisURL)
+	if err != nil {
+		return err
 	}
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -89,6 +89,7 @@ func waitForCloses(ctx context.Context, db *bun.DB, productID int64, unpaid int,
 			rep.DuringPlace++
 		}
 	}
+	rep.lastClose = last
 	window := last.Sub(first)
 	rep.WindowSeconds = window.Seconds()
 	rep.ClosesPerSec = rate(len(rows), window)

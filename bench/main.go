@@ -3,9 +3,15 @@
 //
 //	go run ./bench                       # build kami, start it on a fresh PostgreSQL database and real Redis
 //	go run ./bench -orders 50000 -concurrency 128 -pay-share 0.3 -json out.json
+//	go run ./bench -profile /tmp/prof         # also CPU and allocation profiles (see -profile)
 //	go run ./bench -url http://127.0.0.1:8080 -admin-token T -sandbox-secret S -db postgres://… -pid 1234
 //
-// One run has four phases.
+// One run has these phases.
+//
+//  0. Baseline: when pgbench is installed and the tool makes the database,
+//     pgbench -N with 16 clients runs for -pgbench on a scratch database
+//     of the same PostgreSQL first; kami's figures are printed as ratios
+//     to its tps.
 //
 //  1. Place: -concurrency workers send -orders createOrder mutations over
 //     HTTP keep-alive (GraphQL, distinct contacts, quantity 1, provider
@@ -15,11 +21,13 @@
 //     (successful createOrder over the phase's wall time, payments
 //     included, as a shop sees them), createOrder latency, errors by
 //     extensions.code, payments per second and their latency.
+//
 //  2. Close: the unpaid orders expire after KAMI_ORDER_TTL (-ttl, short)
 //     and kami's close workers close them. The tool counts orders by status
 //     in the database until none is PENDING, then reports closes per second
 //     (closed orders over the time from the first expiry to the last close)
 //     and due-to-closed latency (closed_at − expires_at per order).
+//
 //  3. Direct: the same database, opened in this process with domain.OpenDB
 //     and a pool as large as the server's, runs the same number of
 //     Ledger.PlaceOrder calls at the same concurrency on a new product.
@@ -30,7 +38,19 @@
 //     events; the ratio end-to-end / direct is what kami's layers leave of
 //     it. Direct orders get a TTL of an hour so that the server never
 //     closes them while the phase runs.
-//  4. Check: the server's peak memory (VmHWM from /proc, and the largest
+//
+//  4. Subscriptions: -subscriptions orderStatusChanged subscriptions (20
+//     to a WebSocket) on the direct phase's pending orders; reported: the
+//     server's VmRSS per 1,000.
+//
+//  5. Drain: the server is stopped (SIGTERM), -drain orders are placed
+//     directly with a TTL of one second and their closes scheduled in
+//     Redis as the server schedules them, and once all are due the server
+//     is started again. Reported: closes/s from /readyz to the last close
+//     (the pre-close check asks the sandbox about each order), the close
+//     queue's Redis memory per 10,000 pending orders, the server's memory.
+//
+//  6. Check: the server's peak memory (VmHWM from /proc, and the largest
 //     VmRSS sampled during the run), its CPU use while placing, a clean
 //     exit on SIGTERM, and Ledger.Audit over the whole database: a load
 //     test that corrupts the ledger says so, and exits 1.
@@ -61,6 +81,7 @@ import (
 	"github.com/uptrace/bun"
 
 	"kami/domain"
+	"kami/queue"
 )
 
 type options struct {
@@ -76,6 +97,10 @@ type options struct {
 	noDirect, keep                 bool
 	jsonFile                       string
 	timeout                        time.Duration
+	profileDir                     string
+	profileFor                     time.Duration
+	pgbenchFor                     time.Duration
+	subscriptions, drain           int
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -99,6 +124,11 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.noDirect, "no-direct", false, "skip the direct phase")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database, the Redis keys and the temp folder")
 	fs.StringVar(&o.jsonFile, "json", "", "also write the report as JSON to this file")
+	fs.StringVar(&o.profileDir, "profile", "", "write the started server's CPU profiles of the place, close and drain phases, its allocations during the place phase and its heap with the subscriptions open, to this folder (the server serves them on a loopback KAMI_PPROF_ADDR)")
+	fs.DurationVar(&o.profileFor, "profile-for", 8*time.Second, "with -profile: how long each CPU profile runs, from the start of its phase")
+	fs.DurationVar(&o.pgbenchFor, "pgbench", 10*time.Second, "run pgbench -N (16 clients) this long on a scratch database of -pg first, as the baseline (when pgbench is installed and the tool makes the database); 0: skip")
+	fs.IntVar(&o.subscriptions, "subscriptions", 1000, "orderStatusChanged subscriptions to open on pending orders after the direct phase, for the server's memory per 1,000; 0: skip")
+	fs.IntVar(&o.drain, "drain", 20000, "orders that fall due while the started server is stopped; it is then restarted and its drain of the backlog measured; 0: skip")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the run after the build")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -119,8 +149,15 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-ttl: kami takes at least 1s")
 	case o.dbMaxConns < 1:
 		return nil, fmt.Errorf("-db-max-conns: want at least 1")
+	case o.subscriptions < 0 || o.subscriptions > 100_000:
+		return nil, fmt.Errorf("-subscriptions: want 0 to 100000")
+	case o.drain < 0 || o.drain > 2_000_000:
+		return nil, fmt.Errorf("-drain: want 0 to 2000000")
 	case o.directOrders < 0 || o.directOrders > 2_000_000:
 		return nil, fmt.Errorf("-direct-orders: want 0 to 2000000")
+	}
+	if o.profileDir != "" && o.url != "" {
+		return nil, fmt.Errorf("-profile: only for a server the tool starts (not with -url)")
 	}
 	if o.directOrders == 0 {
 		o.directOrders = o.orders
@@ -202,12 +239,19 @@ func run(ctx context.Context, o *options) (code int) {
 			})
 		}
 	}
+	if dbURL != "" && o.db == "" && o.pgbenchFor > 0 {
+		progress("running pgbench -N for %s as the baseline", o.pgbenchFor)
+		rep.Pgbench = runPgbench(ctx, o.pg, o.pgbenchFor)
+	}
 	rep.Database = "none given (-db): closes, direct and audit skipped"
 	if dbURL != "" {
 		rep.Database = describeDB(dbURL)
 	}
 
 	// The server.
+	var prof *profiler // with -profile
+	var restart func(context.Context) (*serverProc, error)
+	var prefix string
 	base, adminToken, secret, pid := o.url, o.adminToken, o.sandboxSecret, o.pid
 	var srv *serverProc
 	if o.url == "" {
@@ -237,7 +281,7 @@ func run(ctx context.Context, o *options) (code int) {
 		}
 		base = "http://" + addr
 		adminToken, secret = randomHex(24), randomHex(24)
-		prefix := "kami-bench-" + runID + ":"
+		prefix = "kami-bench-" + runID + ":"
 		env := []string{
 			"KAMI_ADDR=" + addr,
 			"KAMI_PUBLIC_URL=" + base,
@@ -253,13 +297,28 @@ func run(ctx context.Context, o *options) (code int) {
 			"KAMI_MAX_PENDING_PER_ADDRESS=0",
 			"KAMI_MAX_LOCKED_PER_CONTACT=0", // one address places every order
 			"KAMI_MAX_LOCKED_PER_ADDRESS=0",
+			"KAMI_MAX_WEBSOCKETS_PER_ADDRESS=0", // -subscriptions opens many from one address
 			"KAMI_LOG_LEVEL=warn",
+		}
+		if o.profileDir != "" {
+			paddr, err := freeLoopbackAddr()
+			if err != nil {
+				return fail("%v", err)
+			}
+			if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+				return fail("-profile: %v", err)
+			}
+			env = append(env, "KAMI_PPROF_ADDR="+paddr)
+			prof = newProfiler(paddr, o.profileDir)
+			rep.Notes = append(rep.Notes, fmt.Sprintf("profiles in %s: go tool pprof -top -nodecount=15 %s %s", o.profileDir, bin,
+				filepath.Join(o.profileDir, "cpu-place.pprof")))
 		}
 		progress("starting kami on %s", addr)
 		if srv, err = startKami(ctx, bin, env, base); err != nil {
 			return fail("%v", err)
 		}
 		pid = srv.pid()
+		restart = func(ctx context.Context) (*serverProc, error) { return startKami(ctx, bin, env, base) }
 		rep.Server = fmt.Sprintf("started by bench (pid %d, %s)", pid, base)
 		cleanups = append(cleanups, func() { srv.stop(40 * time.Second) }) // no-op once stopped
 		if !o.keep {
@@ -306,9 +365,24 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	probe := cpuProbe{serverPID: pid, dbName: dbNameOf(dbURL)}
 	cpu0 := probe.take()
+	var placeCPU func() error
+	if prof != nil {
+		if err := prof.fetch(runCtx, "allocs", "allocs-before.pprof"); err != nil {
+			rep.Notes = append(rep.Notes, "profile: "+err.Error())
+		}
+		placeCPU = prof.cpu(runCtx, o.profileFor, "cpu-place.pprof")
+	}
 	progress("placing %d orders at concurrency %d, paying %.0f%%", o.orders, o.concurrency, 100*o.payShare)
 	lr := runLoad(runCtx, c, productID, runID, o.orders, o.concurrency, o.payShare)
 	placeEnd := time.Now()
+	if prof != nil {
+		if err := prof.fetch(runCtx, "allocs", "allocs-after.pprof"); err != nil {
+			rep.Notes = append(rep.Notes, "profile: "+err.Error())
+		}
+		if err := placeCPU(); err != nil {
+			rep.Notes = append(rep.Notes, "profile: "+err.Error())
+		}
+	}
 	rep.Process.PlaceCPU = cpuUse(cpu0, probe.take())
 	wall := lr.wall
 	rep.Place = PlaceReport{OK: len(lr.placed), Errors: lr.placeErrors, WallSeconds: wall.Seconds(),
@@ -325,7 +399,16 @@ func run(ctx context.Context, o *options) (code int) {
 	pidProduct, _ := strconv.ParseInt(productID, 10, 64)
 	if db != nil && runCtx.Err() == nil {
 		progress("waiting for the %d unpaid orders to close", len(lr.placed)-len(lr.paid))
+		var closeCPU func() error
+		if prof != nil {
+			closeCPU = prof.cpu(runCtx, o.profileFor, "cpu-close.pprof")
+		}
 		cr, err := waitForCloses(runCtx, db, pidProduct, len(lr.placed)-len(lr.paid), placeEnd)
+		if closeCPU != nil {
+			if err := closeCPU(); err != nil {
+				rep.Notes = append(rep.Notes, "profile: "+err.Error())
+			}
+		}
 		if err != nil {
 			rep.Notes = append(rep.Notes, "measuring closes: "+err.Error())
 		} else {
@@ -364,12 +447,46 @@ func run(ctx context.Context, o *options) (code int) {
 		}
 	}
 
-	// Check.
+	// Subscriptions: on the direct phase's orders, pending for an hour.
+	if srv != nil && db != nil && rep.Direct != nil && o.subscriptions > 0 && runCtx.Err() == nil {
+		progress("opening %d subscriptions", o.subscriptions)
+		sr, err := measureSubscriptions(runCtx, db, base, adminToken, "bench-direct-"+runID, o.subscriptions, pid, prof)
+		if err != nil {
+			rep.Notes = append(rep.Notes, "subscriptions: "+err.Error())
+		}
+		rep.Subscriptions = sr
+	}
+
+	// Drain: stop, let a backlog fall due, restart.
 	ok := true
-	if srv != nil {
-		progress("stopping kami")
+	if srv != nil && db != nil && o.drain > 0 && runCtx.Err() == nil {
+		progress("stopping kami; %d orders fall due while it is down", o.drain)
 		rep.Process.Exit = srv.stop(40 * time.Second)
 		ok = ok && strings.HasPrefix(rep.Process.Exit, "clean")
+		rdb, err := redisClient(o.redis)
+		if err != nil {
+			return fail("%v", err)
+		}
+		dr, restarted, err := runDrain(runCtx, db, rdb, queue.NewKeys(prefix), runID, o.drain, o.concurrency, restart, probe, prof, o.profileFor)
+		rdb.Close()
+		if restarted != nil {
+			srv = restarted
+		}
+		if err != nil {
+			rep.Notes = append(rep.Notes, "drain: "+err.Error())
+		}
+		rep.Drain = dr
+	}
+
+	// Check.
+	if srv != nil {
+		progress("stopping kami")
+		exit := srv.stop(40 * time.Second)
+		ok = ok && strings.HasPrefix(exit, "clean")
+		if rep.Process.Exit != "" {
+			exit = rep.Process.Exit + "; after the restart: " + exit
+		}
+		rep.Process.Exit = exit
 		rep.Process.LogWarnings, rep.Process.LogErrors = srv.log.Counts()
 		if rep.Process.LogWarnings+rep.Process.LogErrors > 0 {
 			rep.Process.LogTail = srv.log.Tail()

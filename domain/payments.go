@@ -620,6 +620,24 @@ func (l *Ledger) refundSucceeded(ctx context.Context, tx bun.Tx, refundNo, provi
 // or, when the backoff is used up, becomes FAILED with an alert. A second
 // report of the same attempt changes nothing.
 func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attempt int, detail string) (*Refund, error) {
+	return l.refundAttemptMissed(ctx, refundNo, attempt, detail, false)
+}
+
+// RefundUnconfirmed records refund attempt number attempt whose outcome is
+// unknown: the refund call got no answer (the gateway may have made it),
+// or the look at a refund sent before went unanswered. Within the backoff
+// it counts as RefundAttemptFailed does. Past it, the refund does not
+// become FAILED, which would say no money moved when it may have: it stays
+// PROCESSING and is asked about on the slow poll, and the first attempt
+// past the backoff raises refund_unconfirmed, once. A day of that is the
+// nightly reconciliation's stale refund.
+func (l *Ledger) RefundUnconfirmed(ctx context.Context, refundNo string, attempt int, detail string) (*Refund, error) {
+	return l.refundAttemptMissed(ctx, refundNo, attempt, detail, true)
+}
+
+// refundAttemptMissed records a refund attempt that did not refund: a
+// refusal (unknown false) or an attempt whose outcome is unknown.
+func (l *Ledger) refundAttemptMissed(ctx context.Context, refundNo string, attempt int, detail string, unknown bool) (*Refund, error) {
 	var r *Refund
 	var alert *Alert
 	err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
@@ -632,17 +650,26 @@ func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attem
 		byAttempt := func(q *bun.UpdateQuery) *bun.UpdateQuery {
 			return whereRefundNo(refundNo)(q).Where("retry_count = ?", attempt)
 		}
-		if failures > len(l.cfg.RefundBackoff) {
+		switch {
+		case failures <= len(l.cfg.RefundBackoff):
+			_, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
+				col("retry_count = ?", failures), col("last_error = ?", detail),
+				col("next_retry_at = ?", l.DBTime().Add(l.cfg.RefundBackoff[failures-1])))
+		case unknown:
+			n, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
+				col("retry_count = ?", failures), col("last_error = ?", detail),
+				col("next_retry_at = ?", l.DBTime().Add(l.refundPoll())))
+			if n == 1 && failures == len(l.cfg.RefundBackoff)+1 {
+				alert = &Alert{Kind: "refund_unconfirmed", Subject: refundNo,
+					Message: fmt.Sprintf("the gateway has not said whether it made this refund after %d attempts (%s); it may have: kami keeps asking every %s and does not refund it again meanwhile", failures, detail, l.refundPoll())}
+			}
+		default:
 			n, err = apply(ctx, tx, RefundGiveUp, now, byAttempt,
 				col("retry_count = ?", failures), col("last_error = ?", detail), col("next_retry_at = NULL"), col("finished_at = ?", now))
 			if n == 1 {
 				alert = &Alert{Kind: "refund_failed", Subject: refundNo,
 					Message: fmt.Sprintf("gave up after %d attempts: %s; retry it with retryRefund", failures, detail)}
 			}
-		} else {
-			_, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
-				col("retry_count = ?", failures), col("last_error = ?", detail),
-				col("next_retry_at = ?", l.DBTime().Add(l.cfg.RefundBackoff[failures-1])))
 		}
 		if err != nil {
 			return err

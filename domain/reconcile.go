@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -183,12 +184,19 @@ func (r *Reconciler) run(ctx context.Context) (*ReconcileRun, error) {
 		if err != nil {
 			fail("stock counters", err)
 		}
+		// One product that cannot be repaired (its Redis node down, say)
+		// does not leave every later product's counter unrepaired.
+		var failed []string
+		var lastErr error
 		for _, p := range ps {
 			if _, err := r.Stock.Repair(ctx, p.ID); err != nil {
-				fail("stock counters", err)
-				break
+				failed, lastErr = append(failed, strconv.FormatInt(p.ID, 10)), err
+				continue
 			}
 			run.CountersRepaired++
+		}
+		if len(failed) > 0 {
+			fail("stock counters", fmt.Errorf("products %s: %w", strings.Join(failed, ", "), lastErr))
 		}
 	}
 

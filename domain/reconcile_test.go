@@ -1,6 +1,11 @@
 package domain_test
 
 import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +67,45 @@ func TestReconcileClosesStragglersAndReportsStaleRefunds(t *testing.T) {
 			t.Errorf("the reconciliation moved a refund: %s", r.Status)
 		}
 		b.mustAudit(t)
+	})
+}
+
+// failingRepairer fails the repair of one product and counts the others.
+type failingRepairer struct {
+	failOn   int64
+	repaired []int64
+}
+
+func (r *failingRepairer) Repair(_ context.Context, productID int64) (int, error) {
+	if productID == r.failOn {
+		return 0, errors.New("redis: connection refused")
+	}
+	r.repaired = append(r.repaired, productID)
+	return 0, nil
+}
+
+// One product whose counter cannot be repaired does not leave the other
+// products' counters unrepaired: the run goes on and names the failure.
+func TestReconcileRepairsStockPastAFailedProduct(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: 15 * time.Minute})
+		shop := &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry()}
+		first, second, third := b.product(t, 100, 1), b.product(t, 100, 1), b.product(t, 100, 1)
+		stock := &failingRepairer{failOn: first.ID}
+		rec := &domain.Reconciler{Shop: shop, Alerts: b.alerts, Stock: stock}
+		run, err := rec.Run(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(stock.repaired, second.ID) || !slices.Contains(stock.repaired, third.ID) {
+			t.Fatalf("repaired %v; products %d, %d must be repaired past the failure of %d", stock.repaired, second.ID, third.ID, first.ID)
+		}
+		if run.CountersRepaired != len(stock.repaired) {
+			t.Errorf("run counts %d repaired counters, %d were", run.CountersRepaired, len(stock.repaired))
+		}
+		if !strings.Contains(run.Error, "stock counters") || !strings.Contains(run.Error, strconv.FormatInt(first.ID, 10)) {
+			t.Errorf("run error %q does not name the failed product", run.Error)
+		}
 	})
 }

@@ -130,3 +130,62 @@ func TestRefundDueByTheDatabaseClock(t *testing.T) {
 		}
 	})
 }
+
+// TestUnconfirmedRefundNeverFailsBlind: the gateway made the refund but its
+// answer was lost (a timeout after the effect), and every look at it since
+// has gone unanswered. The refund's state is unknown, not failed: it must
+// not end FAILED (an admin would then pay the buyer again by hand, or
+// retry and hear "refunded" only by luck) however long the backoff; it
+// stays PROCESSING on the slow poll with one refund_unconfirmed alert once
+// the backoff is used up, and the first answered look records it
+// SUCCEEDED, refunded once.
+func TestUnconfirmedRefundNeverFailsBlind(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		for _, gw := range gateways(t) {
+			t.Run(gw.name, func(t *testing.T) {
+				backoff := []time.Duration{time.Minute, 5 * time.Minute}
+				sb := newStatementBundle(t, db, gw, domain.Config{RefundBackoff: backoff})
+				o := sb.place(t)
+				sb.deliver(t, gw.pay(t, o.OrderNo, o.AmountFen))
+				gw.fault(fault.OpRefund, fault.TimeoutAfterEffect, 1)
+				polls := len(backoff) + 3
+				gw.fault(fault.OpQueryRefund, fault.Server5xx, polls)
+				r, err := sb.shop.RequestRefund(sb.ctx, o.OrderNo, "buyer asked", "admin")
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range polls + 1 { // the refund call, then the unanswered looks
+					cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if cur.Status != domain.RefundProcessing {
+						t.Fatalf("attempt %d of a refund whose outcome is unknown: %s (%q)", i+1, cur.Status, cur.LastError)
+					}
+					if !cur.NextRetryAt.After(sb.clock.Now()) {
+						t.Fatalf("attempt %d: next look at %v, not after now %v", i+1, cur.NextRetryAt, sb.clock.Now())
+					}
+					sb.clock.Advance(cur.NextRetryAt.Sub(sb.clock.Now()))
+				}
+				if n := sb.alerts.count("refund_failed"); n != 0 {
+					t.Fatalf("%d refund_failed alerts for a refund the gateway made", n)
+				}
+				if n := sb.alerts.count("refund_unconfirmed"); n != 1 {
+					t.Fatalf("%d refund_unconfirmed alerts, want 1 once the backoff is used up (alerts %v)", n, sb.alerts.kinds())
+				}
+				cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
+				if err != nil || cur.Status != domain.RefundSucceeded {
+					t.Fatalf("the first answered look: %+v, %v", cur, err)
+				}
+				if fen, calls := gw.refunded(r.RefundNo); fen != o.AmountFen || calls != 1 {
+					t.Fatalf("the gateway refunded %d fen in %d calls, want %d in one", fen, calls, o.AmountFen)
+				}
+				if got := sb.order(t, o.OrderNo); got.Status != domain.OrderRefunded {
+					t.Fatalf("order %s after its refund succeeded", got.Status)
+				}
+				sb.mustAudit(t)
+			})
+		}
+	})
+}

@@ -62,7 +62,9 @@ type Shop struct {
 	// at the provider; an order without a clear "not paid" is not closed.
 	// On in the server.
 	PreCloseCheck bool
-	// ProviderTimeout bounds each call made to a provider on the close path.
+	// ProviderTimeout bounds each call made to a provider (the pre-close
+	// check, order sync, statement look-ups); default 10 s, as the server's
+	// KAMI_PROVIDER_TIMEOUT.
 	ProviderTimeout time.Duration
 	// CheckRetry is how long an order waits to be checked again when its
 	// pre-close check had no clear answer; default DefaultCheckRetry.
@@ -540,10 +542,7 @@ const (
 // them or finds them not due. An error (the orders could not be read)
 // means nothing was checked, and nothing may close.
 func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time) (closeNow []string, decided []CloseResult, err error) {
-	timeout := s.ProviderTimeout
-	if timeout <= 0 {
-		timeout = 3 * time.Second
-	}
+	timeout := s.providerTimeout()
 	orderNos = uniqueSorted(orderNos) // an order listed twice is checked once
 	var due []Order
 	q := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "product_id", "provider", "status", "expires_at").
@@ -874,8 +873,9 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 			// poll (a day of that is the stale-refund alert).
 			return s.refundAwaiting(ctx, r, providers.RefundResult{}, "refund query: "+errorDetail(err)+"; accepted by the provider before, still awaited")
 		case err != nil:
-			// The state is unknown: do not refund blind.
-			return s.refundFailed(ctx, r, "refund query: "+errorDetail(err))
+			// The state is unknown: do not refund blind, and do not call
+			// it failed either (an earlier attempt may have been made).
+			return s.refundUnconfirmed(ctx, r, "refund query: "+errorDetail(err))
 		case res.State == providers.RefundSucceeded:
 			return s.refundSucceeded(ctx, r, res.ProviderRefundID)
 		case res.State == providers.RefundProcessing:
@@ -885,6 +885,10 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	}
 	res, err := p.Refund(ctx, req)
 	if err != nil {
+		if providers.KindOf(err) == providers.Temporary {
+			// No answer: the gateway may have made the refund.
+			return s.refundUnconfirmed(ctx, r, errorDetail(err))
+		}
 		return s.refundFailed(ctx, r, errorDetail(err))
 	}
 	switch res.State {
@@ -931,14 +935,29 @@ func (s *Shop) refundAwaiting(ctx context.Context, r *Refund, res providers.Refu
 }
 
 func (s *Shop) refundFailed(ctx context.Context, r *Refund, detail string) (*Refund, error) {
+	return s.refundMissed(ctx, r, detail, s.Ledger.RefundAttemptFailed)
+}
+
+// refundUnconfirmed records an attempt whose outcome is unknown: past the
+// backoff the refund stays PROCESSING on the slow poll (result
+// "unconfirmed"), never FAILED.
+func (s *Shop) refundUnconfirmed(ctx context.Context, r *Refund, detail string) (*Refund, error) {
+	return s.refundMissed(ctx, r, detail, s.Ledger.RefundUnconfirmed)
+}
+
+func (s *Shop) refundMissed(ctx context.Context, r *Refund, detail string,
+	record func(ctx context.Context, refundNo string, attempt int, detail string) (*Refund, error)) (*Refund, error) {
 	attempt := r.RetryCount + 1
-	r, err := s.Ledger.RefundAttemptFailed(ctx, r.RefundNo, r.RetryCount, detail)
+	r, err := record(ctx, r.RefundNo, r.RetryCount, detail)
 	if err != nil {
 		return nil, err
 	}
 	result := "retry"
-	if r.Status == RefundFailed {
+	switch {
+	case r.Status == RefundFailed:
 		result = "failed"
+	case attempt > len(s.Ledger.cfg.RefundBackoff):
+		result = "unconfirmed"
 	}
 	s.observer().RefundAttempt(result, attempt)
 	s.logRefundAttempt(ctx, r, attempt, result, detail)

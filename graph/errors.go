@@ -29,6 +29,7 @@ const (
 var requestErrorCodes = map[string]bool{
 	codeParseFailed: true, codeValidationFailed: true, codeTooComplex: true,
 	codeTooDeep: true, codeBadRequest: true, codeBodyTooLarge: true, codeTooLarge: true,
+	codePersistedQueryNotFound: true,
 }
 
 func isRequestError(errs gqlerror.List) bool {

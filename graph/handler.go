@@ -205,6 +205,9 @@ func NewHandler(cfg Config) http.Handler {
 	cache := newQueryCache()
 	srv.SetQueryCache(cache)
 	srv.SetParserTokenLimit(cfg.MaxTokens)
+	// Before documentLimits: the text a hash stands for is limited as if
+	// it had been sent.
+	srv.Use(persistedQueries{extension.AutomaticPersistedQuery{Cache: newPersistedTexts()}})
 	srv.SetValidationRulesFn(func() *rules.Rules {
 		w.validated.Add(1)
 		return rules.NewDefaultRules()
