@@ -239,12 +239,14 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	if err := writeFlow(ctx, tx, now, flows...); err != nil {
 		return err
 	}
+	events := make([]Event, 0, len(at))
 	for _, i := range at {
 		p, o := ps[i], *orders[ps[i].OrderNo]
 		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt(p, now), now, now
 		results[i] = &PaymentResult{Outcome: PaymentDelivered, Order: &o}
+		events = append(events, orderEvent(EventOrderPaid, &o))
 	}
-	return nil
+	return recordEvents(ctx, tx, now, events...)
 }
 
 // paidAt is when the provider says p was paid, as the database keeps it;
@@ -316,6 +318,9 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 		if err := l.sellLocked(ctx, tx, &o, now); err != nil {
 			return nil, nil, err
 		}
+		if err := recordEvents(ctx, tx, now, orderEvent(EventOrderPaid, &o)); err != nil {
+			return nil, nil, err
+		}
 		return &PaymentResult{Outcome: PaymentDelivered, Order: &o}, nil, nil
 	}
 	cur, err := orderIn(ctx, tx, p.OrderNo)
@@ -339,7 +344,13 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 			}
 			if delivered {
 				cur, err := orderIn(ctx, tx, p.OrderNo)
-				return &PaymentResult{Outcome: PaymentLateDelivered, Order: cur}, nil, err
+				if err != nil {
+					return nil, nil, err
+				}
+				if err := recordEvents(ctx, tx, now, orderEvent(EventOrderPaid, cur)); err != nil {
+					return nil, nil, err
+				}
+				return &PaymentResult{Outcome: PaymentLateDelivered, Order: cur}, nil, nil
 			}
 		}
 		n, err := apply(ctx, tx, OrderLateRefund, now, whereOrderNo(p.OrderNo), paidCols...)
@@ -586,6 +597,14 @@ func (l *Ledger) refundSucceeded(ctx context.Context, tx bun.Tx, refundNo, provi
 		if m != 1 {
 			alerts = append(alerts, Alert{Kind: "inconsistency", Subject: r.OrderNo,
 				Message: fmt.Sprintf("refund %s succeeded but its order was not REFUNDING", refundNo)})
+		} else {
+			o, err := orderIn(ctx, tx, r.OrderNo)
+			if err != nil {
+				return nil, false, nil, err
+			}
+			if err := recordEvents(ctx, tx, now, orderEvent(EventOrderRefunded, o)); err != nil {
+				return nil, false, nil, err
+			}
 		}
 	}
 	return r, true, alerts, nil
@@ -609,10 +628,12 @@ func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attem
 		byAttempt := func(q *bun.UpdateQuery) *bun.UpdateQuery {
 			return whereRefundNo(refundNo)(q).Where("retry_count = ?", attempt)
 		}
+		gaveUp := false
 		if failures > len(l.cfg.RefundBackoff) {
 			n, err = apply(ctx, tx, RefundGiveUp, now, byAttempt,
 				col("retry_count = ?", failures), col("last_error = ?", detail), col("next_retry_at = NULL"), col("finished_at = ?", now))
 			if n == 1 {
+				gaveUp = true
 				alert = &Alert{Kind: "refund_failed", Subject: refundNo,
 					Message: fmt.Sprintf("gave up after %d attempts: %s; retry it with retryRefund", failures, detail)}
 			}
@@ -624,8 +645,14 @@ func (l *Ledger) RefundAttemptFailed(ctx context.Context, refundNo string, attem
 		if err != nil {
 			return err
 		}
-		r, err = refundIn(ctx, tx, refundNo)
-		return err
+		if r, err = refundIn(ctx, tx, refundNo); err != nil || !gaveUp {
+			return err
+		}
+		o, err := orderIn(ctx, tx, r.OrderNo)
+		if err != nil {
+			return err
+		}
+		return recordEvents(ctx, tx, now, refundEvent(EventRefundFailed, r, o))
 	})
 	if err != nil {
 		return nil, err
