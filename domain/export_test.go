@@ -16,6 +16,8 @@ func ApplyForTest(ctx context.Context, db bun.IDB, t Transition, key string) (in
 	switch t.Table {
 	case tableRefunds:
 		where = whereRefundNo(key)
+	case tableDeliveries:
+		where = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("last_error = ?", key) }
 	case tableBatches:
 		where = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("supplier_note = ?", key) }
 		cols = append(cols, col("recalled_at = ?", time.Now().UTC())) // the schema wants a RECALLED batch's time

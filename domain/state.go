@@ -58,12 +58,26 @@ const (
 // RefundStatuses lists every refund status; the schema's CHECK repeats it.
 var RefundStatuses = []RefundStatus{RefundProcessing, RefundSucceeded, RefundFailed}
 
+// DeliveryStatus is the state of one webhook delivery (webhook_delivery).
+type DeliveryStatus string
+
+const (
+	DeliveryPending   DeliveryStatus = "PENDING"   // to be sent, or being sent
+	DeliveryDelivered DeliveryStatus = "DELIVERED" // the endpoint answered 2xx
+	DeliveryFailed    DeliveryStatus = "FAILED"    // the retries ran out: alerted
+	DeliveryCancelled DeliveryStatus = "CANCELLED" // its endpoint was disabled or deleted before it was sent
+)
+
+// DeliveryStatuses lists every delivery status; the schema's CHECK repeats it.
+var DeliveryStatuses = []DeliveryStatus{DeliveryPending, DeliveryDelivered, DeliveryFailed, DeliveryCancelled}
+
 // Tables whose status column the transitions move.
 const (
-	tableOrders  = "orders"
-	tableCards   = "card_stock"
-	tableRefunds = "refund_order"
-	tableBatches = "card_batch"
+	tableDeliveries = "webhook_delivery"
+	tableOrders     = "orders"
+	tableCards      = "card_stock"
+	tableRefunds    = "refund_order"
+	tableBatches    = "card_batch"
 )
 
 // Transition is one legal move of a status column. The SQL that applies it
@@ -91,6 +105,10 @@ func batchMove(name string, from []BatchStatus, to BatchStatus) Transition {
 
 func refundMove(name string, from []RefundStatus, to RefundStatus) Transition {
 	return Transition{Name: name, Table: tableRefunds, From: strs(from), To: string(to)}
+}
+
+func deliveryMove(name string, from []DeliveryStatus, to DeliveryStatus) Transition {
+	return Transition{Name: name, Table: tableDeliveries, From: strs(from), To: string(to)}
 }
 
 // The transition table: every state change kami makes, and only these.
@@ -133,12 +151,26 @@ var (
 	RefundAwait = refundMove("refund.await", []RefundStatus{RefundProcessing}, RefundProcessing)
 )
 
+// Webhook deliveries. An attempt is taken before it is sent (attempts
+// + 1 and the next due time pushed past the request's timeout, guarded by
+// the attempt count and the due time): of two workers holding the same
+// delivery, one sends it.
+var (
+	DeliveryAttempt = deliveryMove("delivery.attempt", []DeliveryStatus{DeliveryPending}, DeliveryPending)
+	DeliveryDeliver = deliveryMove("delivery.deliver", []DeliveryStatus{DeliveryPending}, DeliveryDelivered)
+	DeliveryGiveUp  = deliveryMove("delivery.give_up", []DeliveryStatus{DeliveryPending}, DeliveryFailed)
+	DeliveryCancel  = deliveryMove("delivery.cancel", []DeliveryStatus{DeliveryPending}, DeliveryCancelled)
+	// An admin sends an event again: a fresh round of attempts.
+	DeliveryResend = deliveryMove("delivery.resend", []DeliveryStatus{DeliveryDelivered, DeliveryFailed, DeliveryCancelled}, DeliveryPending)
+)
+
 // Transitions is the whole table, for tests and documentation.
 var Transitions = []Transition{
 	OrderPay, OrderClose, OrderLateRefund, OrderLateDeliver, OrderAdminRefund, OrderRefundDone,
 	CardLock, CardSell, CardRecycle, CardWithdraw, CardWithdrawLocked,
 	BatchRecall,
 	RefundSucceed, RefundGiveUp, RefundRetry, RefundAttempt, RefundAwait,
+	DeliveryAttempt, DeliveryDeliver, DeliveryGiveUp, DeliveryCancel, DeliveryResend,
 }
 
 // Allowed reports whether some transition moves table's status from → to.
