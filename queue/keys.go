@@ -52,6 +52,16 @@ func (k Keys) RefundQueue() string { return k.prefix + "{delay:refund:retry}" }
 // RefundLease holds claimed refund tasks.
 func (k Keys) RefundLease() string { return k.RefundQueue() + ":lease" }
 
+// WebhookQueue is the ZSET of webhook deliveries to attempt (their ids),
+// scored by due time.
+func (k Keys) WebhookQueue() string { return k.prefix + "{delay:webhook}" }
+
+// WebhookLease holds claimed webhook deliveries.
+func (k Keys) WebhookLease() string { return k.WebhookQueue() + ":lease" }
+
+// WebhookSweepLock keeps the webhook sweeper to one process per interval.
+func (k Keys) WebhookSweepLock() string { return k.Lock("sweep:webhooks") }
+
 // Stock is the admission counter of a product: how many cards may still be
 // sold. The product id is the hash tag.
 func (k Keys) Stock(productID int64) string {

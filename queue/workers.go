@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/robfig/cron/v3"
 
 	"kami/domain"
 )
@@ -120,7 +118,6 @@ type Workers struct {
 	OnClosed func(latency time.Duration)
 
 	c        counters
-	cron     *cron.Cron
 	wake     chan struct{}
 	wakeAt   atomic.Int64 // unix ms the waker sleeps until
 	drainMu  sync.Mutex
@@ -128,11 +125,7 @@ type Workers struct {
 	closeBO  backoff
 	refundBO backoff
 
-	ctx     context.Context // work context: cancelled only when Stop gives up waiting
-	cancel  context.CancelFunc
-	stopped chan struct{} // closed when Stop begins: loops end after their batch
-	wg      sync.WaitGroup
-	started bool
+	jobs
 }
 
 // NewWorkers returns the workers for shop's ledger. shop.Scheduler, if it
@@ -146,7 +139,7 @@ func NewWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, shop *domain.S
 	cfg = cfg.withDefaults(ledger)
 	w := &Workers{cfg: cfg, rdb: rdb, keys: keys, shop: shop, ledger: ledger, log: logger.With("component", "queue"),
 		closeQ: CloseQueue(rdb, keys), refundQ: RefundQueue(rdb, keys),
-		wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+		wake: make(chan struct{}, 1), jobs: newJobs()}
 	w.closeBO.max, w.refundBO.max = cfg.MaxBackoff, cfg.MaxBackoff
 	if s, ok := shop.Scheduler.(*Scheduler); ok {
 		s.onSchedule = w.wakeFor
@@ -186,74 +179,20 @@ func (w *Workers) QueueStats(ctx context.Context) (closeQ, refundQ QueueStats, e
 // Start starts the cron jobs and the close waker, and runs the sweeper once
 // in the background. Jobs: close drain and refund drain every second, lease
 // recovery every RecoverEvery, the sweeper every SweepEvery.
-func (w *Workers) Start(ctx context.Context) error {
-	if w.started {
-		return errors.New("queue workers already started")
-	}
-	w.started = true
-	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+func (w *Workers) Start(context.Context) error {
 	w.syncClock()
-	lg := cronLogger{w.log}
-	w.cron = cron.New(cron.WithSeconds(), cron.WithLogger(lg),
-		cron.WithChain(cron.Recover(lg), cron.SkipIfStillRunning(lg)))
-	jobs := []struct {
-		spec string
-		fn   func()
-	}{
+	return w.start("queue workers", w.log, []job{
 		{"* * * * * *", func() { w.drainClose() }},
 		{"* * * * * *", func() { w.drainRefunds() }},
 		{every(w.cfg.RecoverEvery), func() { w.recoverLeases() }},
 		{every(w.cfg.SweepEvery), func() { w.sweepLocked() }},
-	}
-	for _, j := range jobs {
-		if _, err := w.cron.AddFunc(j.spec, j.fn); err != nil {
-			return fmt.Errorf("queue worker schedule %q: %w", j.spec, err)
-		}
-	}
-	w.cron.Start()
-	w.wg.Add(2)
-	go func() { defer w.wg.Done(); w.waker() }()
-	go func() { defer w.wg.Done(); w.sweepLocked() }()
-	return nil
+	}, w.waker, w.sweepLocked)
 }
 
 // Stop stops scheduling jobs and waits for the running ones to finish their
 // batch. If ctx ends first, the work in flight is cancelled (its leases
 // bring it back) and ctx's error is returned.
-func (w *Workers) Stop(ctx context.Context) error {
-	if !w.started {
-		return nil
-	}
-	select {
-	case <-w.stopped:
-	default:
-		close(w.stopped)
-	}
-	done := make(chan struct{})
-	go func() {
-		<-w.cron.Stop().Done()
-		w.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		w.cancel()
-		return nil
-	case <-ctx.Done():
-		w.cancel()
-		<-done
-		return ctx.Err()
-	}
-}
-
-func (w *Workers) stopping() bool {
-	select {
-	case <-w.stopped:
-		return true
-	default:
-		return w.ctx.Err() != nil
-	}
-}
+func (w *Workers) Stop(ctx context.Context) error { return w.stop(ctx) }
 
 func every(d time.Duration) string { return "@every " + max(d, time.Second).String() }
 
