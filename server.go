@@ -274,6 +274,8 @@ type app struct {
 	metrics    *metrics
 	alerts     *alerter
 	workers    *queue.Workers
+	hooks      *domain.Webhooks
+	hookers    *queue.WebhookWorkers
 	reconciler *domain.Reconciler
 	statements *domain.StatementReconciler
 	cron       *cron.Cron
@@ -327,6 +329,10 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	a.shop = &domain.Shop{Ledger: a.ledger, Gate: gate, Scheduler: queue.NewScheduler(rdb, a.keys), Events: events,
 		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, ProviderTimeout: cfg.ProviderTimeout, CheckRetry: cfg.CloseCheckRetry, Observer: a.metrics}
 	a.workers = queue.NewWorkers(cfg.Workers, rdb, a.keys, a.shop, a.ledger, logger)
+	a.hooks = domain.NewWebhooks(a.ledger, cfg.Webhooks, a.alerts, logger)
+	a.hooks.OnAttempt = a.metrics.WebhookAttempt
+	a.metrics.watchWebhooks(a.hooks)
+	a.hookers = queue.NewWebhookWorkers(cfg.Workers, rdb, a.keys, a.hooks, logger)
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
 		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled, Log: logger}
 	a.statements = &domain.StatementReconciler{Shop: a.shop, Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts,
@@ -350,6 +356,10 @@ func (a *app) start(ctx context.Context) error {
 		return err
 	}
 	a.closers = append(a.closers, a.workers.Stop)
+	if err := a.hookers.Start(ctx); err != nil {
+		return err
+	}
+	a.closers = append(a.closers, a.hookers.Stop)
 	a.cron = cron.New(cron.WithSeconds(), cron.WithChain(cron.Recover(cronLog{a.log}), cron.SkipIfStillRunning(cronLog{a.log})))
 	if _, err := a.cron.AddFunc(a.cfg.ReconcileCron, func() { a.reconcile(context.Background()) }); err != nil {
 		return fmt.Errorf("KAMI_RECONCILE_CRON: %w", err)
@@ -391,9 +401,14 @@ func (a *app) queueStats(ctx context.Context) ([]queueStat, error) {
 	if err != nil {
 		return nil, err
 	}
+	h, err := a.hookers.QueueStats(ctx)
+	if err != nil {
+		return nil, err
+	}
 	return []queueStat{
 		{Name: "close", Backlog: c.Backlog, Leased: c.Leased, OldestOverdue: c.OldestOverdue},
 		{Name: "refund", Backlog: r.Backlog, Leased: r.Leased, OldestOverdue: r.OldestOverdue},
+		{Name: "webhook", Backlog: h.Backlog, Leased: h.Leased, OldestOverdue: h.OldestOverdue},
 	}, nil
 }
 
@@ -436,7 +451,7 @@ const maxWebhookBody = 64 << 10
 
 func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
-	gcfg := graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
+	gcfg := graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a, Webhooks: a.hooks,
 		Reconciler: a.reconciler, Statements: a.statements,
 		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL, MaxUploadBytes: a.cfg.MaxUploadBytes,
 		ClientAddr: a.cfg.TrustedProxies.ClientAddr, DisableIntrospection: !a.cfg.Introspection,

@@ -162,6 +162,10 @@ type Webhooks struct {
 	Log    *slog.Logger
 	// OnAttempt hears every attempt's outcome and latency (metrics).
 	OnAttempt func(DeliveryOutcome, time.Duration)
+	// Schedule, if set, puts deliveries on the delivery queue at once (the
+	// queue's workers set it); without it, or when it fails, the sweeper
+	// queues them from the database.
+	Schedule func(context.Context, []DeliveryDue) error
 }
 
 // NewWebhooks returns the webhook service over l.
@@ -437,6 +441,15 @@ func (h *Webhooks) Redeliver(ctx context.Context, eventID, endpointID int64, act
 		}
 		return audit(ctx, tx, now, actor, "webhook.redeliver", strconv.FormatInt(eventID, 10), "")
 	})
+	if err == nil && h.Schedule != nil {
+		due := make([]DeliveryDue, len(out))
+		for i, d := range out {
+			due[i] = DeliveryDue{ID: d.ID, Due: d.NextAttemptAt}
+		}
+		if err := h.Schedule(ctx, due); err != nil {
+			h.Log.WarnContext(ctx, "redelivery not queued; the sweeper will queue it", "event", eventID, "err", err)
+		}
+	}
 	return out, err
 }
 

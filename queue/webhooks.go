@@ -55,6 +55,7 @@ func NewWebhookWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, hooks *
 	w := &WebhookWorkers{cfg: cfg, rdb: rdb, keys: keys, hooks: hooks, log: logger.With("component", "webhooks"),
 		q: WebhookQueue(rdb, keys), Batch: 50, Parallel: 8, jobs: newJobs()}
 	w.bo.max = cfg.MaxBackoff
+	hooks.Schedule = w.schedule
 	// A delivery in flight when its lease ends is claimed again and found
 	// not due (its attempt pushed its due time past the request's
 	// timeout): the lease need not cover the request.
@@ -139,14 +140,22 @@ func (w *WebhookWorkers) fanOut(ctx context.Context) error {
 			return err
 		}
 		w.fannedOut.Add(int64(taken))
-		for _, d := range ds {
-			if err := w.q.Schedule(ctx, strconv.FormatInt(d.ID, 10), d.Due); err != nil {
-				w.redisErrors.Add(1)
-				return fmt.Errorf("queue delivery %d: %w", d.ID, err)
-			}
+		if err := w.schedule(ctx, ds); err != nil {
+			return err
 		}
 		if taken < 200 {
 			return nil
+		}
+	}
+	return nil
+}
+
+// schedule puts deliveries on the queue at their due times.
+func (w *WebhookWorkers) schedule(ctx context.Context, ds []domain.DeliveryDue) error {
+	for _, d := range ds {
+		if err := w.q.Schedule(ctx, strconv.FormatInt(d.ID, 10), d.Due); err != nil {
+			w.redisErrors.Add(1)
+			return fmt.Errorf("queue delivery %d: %w", d.ID, err)
 		}
 	}
 	return nil
