@@ -386,10 +386,11 @@ var errNoEndpoint = errors.New("no such endpoint")
 
 // Redeliver sends an event again to one endpoint (endpointID > 0) or to
 // every enabled endpoint that wants it: a delivery that ended (delivered,
-// failed, cancelled) starts a new round of attempts, due now; an endpoint
-// that never had it gets it. It returns the deliveries to schedule.
-// NOT_FOUND (no such event or endpoint), CONFLICT (the endpoint is
-// disabled or does not want this event).
+// failed, cancelled) starts a new round of attempts, due now, one still
+// PENDING is left to its schedule; an endpoint that never had it (added
+// since) gets it. It returns the deliveries. NOT_FOUND (no such event),
+// CONFLICT (the endpoint is disabled or does not want this event, or the
+// event's first deliveries are not made yet).
 func (h *Webhooks) Redeliver(ctx context.Context, eventID, endpointID int64, actor string) ([]WebhookDelivery, error) {
 	l := h.Ledger
 	var out []WebhookDelivery
@@ -399,6 +400,11 @@ func (h *Webhooks) Redeliver(ctx context.Context, eventID, endpointID int64, act
 		var ev Event
 		if err := tx.NewSelect().Model(&ev).Where("id = ?", eventID).Scan(ctx); err != nil {
 			return notFound(err, "event %d not found", eventID)
+		}
+		if !ev.FannedOut {
+			// Its first deliveries are still to be made (by FanOut, which
+			// would then find this one in its way).
+			return Errorf(ECONFLICT, "event %d is being sent for the first time", eventID)
 		}
 		var es []WebhookEndpoint
 		q := tx.NewSelect().Model(&es).Where("deleted_at IS NULL").Where("enabled = ?", true)

@@ -192,6 +192,9 @@ func TestWebhookRetriedWithBackoff(t *testing.T) {
 		b.endpoint(t, h, dead.srv.URL, false, domain.EventOrderPaid)
 		p := b.product(t, 500, 1)
 		b.pay(t, b.order(t, p, 1).Order, "T1", "N1")
+		// Not sent yet: it cannot be sent again.
+		_, err := h.Redeliver(b.ctx, outboxEvents(t, b, domain.EventOrderPaid)[0].ID, 0, "admin")
+		wantCode(t, err, domain.ECONFLICT)
 		ds := fanOut(t, b, h)
 		if len(ds) != 2 {
 			t.Fatalf("%d deliveries", len(ds))
