@@ -195,7 +195,13 @@ func TestWebhookRetriedWithBackoff(t *testing.T) {
 		// Not sent yet: it cannot be sent again.
 		_, err := h.Redeliver(b.ctx, outboxEvents(t, b, domain.EventOrderPaid)[0].ID, 0, "admin")
 		wantCode(t, err, domain.ECONFLICT)
+		if bl, err := h.Backlog(b.ctx); err != nil || bl.Events != 1 || bl.Pending != 0 || !bl.OldestSince.Equal(b.clock.Now()) {
+			t.Fatalf("backlog before the fan-out: %+v, %v", bl, err)
+		}
 		ds := fanOut(t, b, h)
+		if bl, err := h.Backlog(b.ctx); err != nil || bl.Events != 0 || bl.Pending != 2 || !bl.OldestSince.Equal(b.clock.Now()) {
+			t.Fatalf("backlog after the fan-out: %+v, %v", bl, err)
+		}
 		if len(ds) != 2 {
 			t.Fatalf("%d deliveries", len(ds))
 		}
