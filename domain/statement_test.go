@@ -110,6 +110,9 @@ func (sb *statementBundle) reconcile(t *testing.T, days []providers.Day) ([]doma
 		for _, ev := range outboxEvents(t, sb.bundle, domain.EventReconciliationDifference) {
 			if strings.Contains(ev.Payload, fmt.Sprintf(`"runId":"%d"`, run.ID)) {
 				got++
+				if strings.Contains(ev.Payload, `"id":"0"`) {
+					t.Fatalf("an event names no difference: %s", ev.Payload)
+				}
 			}
 		}
 		if got != want {
