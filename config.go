@@ -103,6 +103,10 @@ type Config struct {
 	// read their orders again while Redis is away (5s). Tests shorten them.
 	BodyReadTimeout, WriteTimeout, SubscriptionPoll time.Duration
 
+	// Webhooks tunes the signed outgoing webhooks (KAMI_WEBHOOK_*): see
+	// loadWebhookConfig.
+	Webhooks domain.WebhookConfig
+
 	Alipay AlipaySettings
 	Wechat WechatSettings
 	// Mail (KAMI_SMTP_URL, KAMI_MAIL_FROM, KAMI_SHOP_NAME) mails a paid
@@ -288,6 +292,9 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		bad("KAMI_LOG_LEVEL", "want debug, info, warn or error")
 	}
 	if c.Mail, err = mailSettings(getenv); err != nil {
+		errs = append(errs, err)
+	}
+	if err := loadWebhookConfig(c, getenv); err != nil {
 		errs = append(errs, err)
 	}
 	if raw := getenv("KAMI_CARD_KEY"); raw != "" {
@@ -480,4 +487,32 @@ func (c *Config) returnLink(orderNo string) string {
 	q.Set("orderNo", orderNo)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// loadWebhookConfig reads the KAMI_WEBHOOK_* settings:
+// KAMI_WEBHOOK_TIMEOUT (default 10s) bounds one delivery attempt;
+// KAMI_WEBHOOK_RETRY_FOR (default 72h) is how long a delivery is retried,
+// waits doubling from KAMI_WEBHOOK_BACKOFF (default 30s) to at most 6h,
+// before it is FAILED and alerted; KAMI_WEBHOOK_ALLOW_PRIVATE=1 lets
+// endpoints point at loopback, link-local and private addresses (never at
+// KAMI_PUBLIC_URL).
+func loadWebhookConfig(c *Config, getenv func(string) string) error {
+	var errs []error
+	bad := func(name, want string) { errs = append(errs, fmt.Errorf("%s: %s", name, want)) }
+	w := &c.Webhooks
+	var err error
+	if w.Timeout, err = duration(getenv("KAMI_WEBHOOK_TIMEOUT"), 10*time.Second); err != nil || w.Timeout < 100*time.Millisecond || w.Timeout > time.Minute {
+		bad("KAMI_WEBHOOK_TIMEOUT", "want a duration from 100ms to 1m, like 10s")
+	}
+	if w.BackoffBase, err = duration(getenv("KAMI_WEBHOOK_BACKOFF"), 30*time.Second); err != nil || w.BackoffBase < time.Second || w.BackoffBase > time.Hour {
+		bad("KAMI_WEBHOOK_BACKOFF", "want a duration from 1s to 1h, like 30s")
+	}
+	if w.RetryFor, err = duration(getenv("KAMI_WEBHOOK_RETRY_FOR"), 72*time.Hour); err != nil || w.RetryFor < time.Minute || w.RetryFor > 30*24*time.Hour {
+		bad("KAMI_WEBHOOK_RETRY_FOR", "want a duration from 1m to 720h, like 72h")
+	}
+	if w.Guard.AllowPrivate, err = flag(getenv("KAMI_WEBHOOK_ALLOW_PRIVATE"), false); err != nil {
+		bad("KAMI_WEBHOOK_ALLOW_PRIVATE", "want 1 (on) or 0 (off)")
+	}
+	w.Guard.Self = c.PublicURL
+	return errors.Join(errs...)
 }

@@ -33,6 +33,8 @@ type metrics struct {
 	statementRuns  *prometheus.CounterVec
 	statementDiffs *prometheus.CounterVec
 	statementDone  *prometheus.GaugeVec
+	deliveries     *prometheus.CounterVec
+	deliveryTime   prometheus.Histogram
 
 	// closeOK and closeAll count this process's close attempts for the
 	// stats query's close success rate.
@@ -86,6 +88,13 @@ func newMetrics(queues func(context.Context) ([]queueStat, error)) *metrics {
 		[]string{"provider", "kind", "action"})
 	m.statementDone = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kami_statement_last_done_unix",
 		Help: "When a statement of the provider was last reconciled to the end (DONE), as a Unix time."}, []string{"provider"})
+	m.deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_webhook_deliveries_total",
+		Help: "Outgoing webhook delivery attempts, by outcome (delivered, retry, failed: the last attempt failed, cancelled: its endpoint is disabled or deleted)."},
+		[]string{"outcome"})
+	m.deliveryTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kami_webhook_attempt_seconds",
+		Help: "How long outgoing webhook attempts took to be answered (or to fail).", Buckets: prometheus.DefBuckets})
+	f(m.deliveries)
+	f(m.deliveryTime)
 	for _, c := range []prometheus.Collector{m.ordersPlaced, m.ordersRefused, m.closes, m.closeFailures, m.closeLatency,
 		m.payments, m.refundAttempts, m.webhooks, m.graphql, m.alerts, m.violations, m.reconciled,
 		m.statementRuns, m.statementDiffs, m.statementDone} {
@@ -270,4 +279,49 @@ func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(leasedDesc, prometheus.GaugeValue, float64(s.Leased), s.Name)
 		ch <- prometheus.MustNewConstMetric(overdueDesc, prometheus.GaugeValue, s.OldestOverdue.Seconds(), s.Name)
 	}
+}
+
+// WebhookAttempt counts one outgoing webhook attempt.
+func (m *metrics) WebhookAttempt(o domain.DeliveryOutcome, took time.Duration) {
+	m.deliveries.WithLabelValues(string(o)).Inc()
+	if o != domain.OutcomeCancelled {
+		m.deliveryTime.Observe(took.Seconds())
+	}
+}
+
+// watchWebhooks reports the outbox's backlog at each scrape.
+func (m *metrics) watchWebhooks(h *domain.Webhooks) { m.reg.MustRegister(&webhookCollector{hooks: h}) }
+
+// webhookCollector reads the outbox's backlog from the database at scrape
+// time: what waits to be fanned out, what waits to be delivered, and the
+// age of the oldest event not delivered yet.
+type webhookCollector struct{ hooks *domain.Webhooks }
+
+var (
+	webhookBacklogDesc = prometheus.NewDesc("kami_webhook_backlog",
+		"Outgoing webhook work waiting, by kind (events: not fanned out yet; deliveries: PENDING).", []string{"kind"}, nil)
+	webhookOldestDesc = prometheus.NewDesc("kami_webhook_oldest_undelivered_seconds",
+		"Age of the oldest event not yet delivered to every endpoint that wants it; 0 when none waits.", nil, nil)
+)
+
+func (c *webhookCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- webhookBacklogDesc
+	ch <- webhookOldestDesc
+}
+
+func (c *webhookCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := c.hooks.Backlog(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(webhookBacklogDesc, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(webhookBacklogDesc, prometheus.GaugeValue, float64(b.Events), "events")
+	ch <- prometheus.MustNewConstMetric(webhookBacklogDesc, prometheus.GaugeValue, float64(b.Pending), "deliveries")
+	age := 0.0
+	if !b.OldestSince.IsZero() {
+		age = max(c.hooks.Ledger.DBTime().Sub(b.OldestSince).Seconds(), 0)
+	}
+	ch <- prometheus.MustNewConstMetric(webhookOldestDesc, prometheus.GaugeValue, age)
 }

@@ -276,6 +276,8 @@ type app struct {
 	alerts     *alerter
 	workers    *queue.Workers
 	mail       *queue.MailWorker // nil when KAMI_SMTP_URL is unset
+	hooks      *domain.Webhooks
+	hookers    *queue.WebhookWorkers
 	reconciler *domain.Reconciler
 	statements *domain.StatementReconciler
 	cron       *cron.Cron
@@ -334,6 +336,10 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 			return nil, err
 		}
 	}
+	a.hooks = domain.NewWebhooks(a.ledger, cfg.Webhooks, a.alerts, logger)
+	a.hooks.OnAttempt = a.metrics.WebhookAttempt
+	a.metrics.watchWebhooks(a.hooks)
+	a.hookers = queue.NewWebhookWorkers(cfg.Workers, rdb, a.keys, a.hooks, logger)
 	a.reconciler = &domain.Reconciler{Shop: a.shop, Schedules: sweeper{a.workers}, Stock: gate,
 		Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts, OnRun: a.metrics.Reconciled, Log: logger}
 	a.statements = &domain.StatementReconciler{Shop: a.shop, Lock: queue.NewLocker(rdb, a.keys), Alerts: a.alerts,
@@ -363,6 +369,10 @@ func (a *app) start(ctx context.Context) error {
 		}
 		a.closers = append(a.closers, a.mail.Stop)
 	}
+	if err := a.hookers.Start(ctx); err != nil {
+		return err
+	}
+	a.closers = append(a.closers, a.hookers.Stop)
 	a.cron = cron.New(cron.WithSeconds(), cron.WithChain(cron.Recover(cronLog{a.log}), cron.SkipIfStillRunning(cronLog{a.log})))
 	if _, err := a.cron.AddFunc(a.cfg.ReconcileCron, func() { a.reconcile(context.Background()) }); err != nil {
 		return fmt.Errorf("KAMI_RECONCILE_CRON: %w", err)
@@ -404,9 +414,14 @@ func (a *app) queueStats(ctx context.Context) ([]queueStat, error) {
 	if err != nil {
 		return nil, err
 	}
+	h, err := a.hookers.QueueStats(ctx)
+	if err != nil {
+		return nil, err
+	}
 	stats := []queueStat{
 		{Name: "close", Backlog: c.Backlog, Leased: c.Leased, OldestOverdue: c.OldestOverdue},
 		{Name: "refund", Backlog: r.Backlog, Leased: r.Leased, OldestOverdue: r.OldestOverdue},
+		{Name: "webhook", Backlog: h.Backlog, Leased: h.Leased, OldestOverdue: h.OldestOverdue},
 	}
 	if a.mail != nil {
 		m, err := a.mail.QueueStats(ctx)
@@ -457,7 +472,7 @@ const maxWebhookBody = 64 << 10
 
 func (a *app) routes(events *queue.Events) http.Handler {
 	mux := http.NewServeMux()
-	gcfg := graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a,
+	gcfg := graph.Config{Shop: a.shop, Ledger: a.ledger, Events: events, Stats: a, Webhooks: a.hooks,
 		Reconciler: a.reconciler, Statements: a.statements,
 		AdminToken: a.cfg.AdminToken, Logger: a.log, OnOperation: a.metrics.GraphQL, MaxUploadBytes: a.cfg.MaxUploadBytes,
 		ClientAddr: a.cfg.TrustedProxies.ClientAddr, DisableIntrospection: !a.cfg.Introspection,

@@ -46,7 +46,8 @@ func TestConfigErrorsNameTheSetting(t *testing.T) {
 		"KAMI_ORDER_TTL": "soon", "KAMI_REFUND_BACKOFF": "1m,never", "KAMI_LATE_PAYMENT": "maybe",
 		"KAMI_MAX_PENDING_PER_CONTACT": "-1", "KAMI_CARD_KEY": "short", "KAMI_LOG_FORMAT": "xml",
 		"KAMI_PUBLIC_URL": "ftp://x", "KAMI_MAX_QUANTITY": "0", "KAMI_STATEMENT_CRON": "at ten", "KAMI_MAX_UPLOAD_BYTES": "lots",
-		"KAMI_RECONCILE_CRON": "nightly",
+		"KAMI_RECONCILE_CRON": "nightly", "KAMI_WEBHOOK_TIMEOUT": "forever", "KAMI_WEBHOOK_RETRY_FOR": "1s",
+		"KAMI_WEBHOOK_BACKOFF": "2h", "KAMI_WEBHOOK_ALLOW_PRIVATE": "maybe",
 	} {
 		_, err := loadConfig(env{name: value}.get)
 		if err == nil || !strings.Contains(err.Error(), name) {

@@ -15,7 +15,7 @@ import (
 // Benchmarks of the ledger's two hot transactions on PostgreSQL (MySQL with
 // -kind=mysql is left out for brevity; dbtest picks the server):
 //
-//	go test -run '^$' -bench 'PlaceOrder|CloseOrders' -benchtime 5000x ./domain/
+//	go test -run '^$' -bench 'PlaceOrder|RecordPayment|CloseOrders' -benchtime 5000x ./domain/
 //
 // Both report orders/s over the whole run, with parallel callers (the
 // number of goroutines is GOMAXPROCS × -cpu's parallelism, here 8 per core).
@@ -53,6 +53,37 @@ func BenchmarkPlaceOrder(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "orders/s")
+}
+
+// BenchmarkRecordPayment pays placed orders from parallel callers, as
+// gateways' notifications arrive: the group commit's usual case, which
+// also writes each payment's order.paid event to the outbox.
+func BenchmarkRecordPayment(b *testing.B) {
+	bd, p := benchLedger(b, b.N)
+	orders := make([]*domain.Order, b.N)
+	for i := range orders {
+		placed, err := bd.ledger.PlaceOrder(bd.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: "c", Provider: "sandbox"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		orders[i] = placed.Order
+	}
+	var next atomic.Int64
+	b.SetParallelism(benchParallelism())
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			o := orders[next.Add(1)-1]
+			res, err := bd.ledger.RecordPayment(bd.ctx, domain.Payment{Provider: "sandbox", OrderNo: o.OrderNo,
+				TradeNo: "T" + o.OrderNo, AmountFen: o.AmountFen})
+			if err != nil || res.Outcome != domain.PaymentDelivered {
+				b.Errorf("%s: %v, %v", o.OrderNo, res, err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "payments/s")
 }
 
 // BenchmarkCloseOrders closes due orders in the close worker's batches

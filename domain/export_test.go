@@ -18,6 +18,8 @@ func ApplyForTest(ctx context.Context, db bun.IDB, t Transition, key string) (in
 		where = whereRefundNo(key)
 	case tableMails:
 		where = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("dedup_key = ?", key) }
+	case tableDeliveries:
+		where = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("last_error = ?", key) }
 	case tableBatches:
 		where = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("supplier_note = ?", key) }
 		cols = append(cols, col("recalled_at = ?", time.Now().UTC())) // the schema wants a RECALLED batch's time

@@ -23,11 +23,12 @@ func TestTransitionTable(t *testing.T) {
 		b := setup(t, db, domain.Config{})
 		p := b.product(t, 100, 1) // and a batch for the cards below
 		statuses := map[string][]string{
-			"orders":       {"PENDING", "PAID", "REFUNDING", "REFUNDED", "CLOSED"},
-			"card_stock":   {"UNSOLD", "LOCKED", "SOLD", "RECYCLED", "WITHDRAWN"},
-			"refund_order": {"PROCESSING", "SUCCEEDED", "FAILED"},
-			"card_batch":   {"ACTIVE", "RECALLED"},
-			"mail_sends":   {"QUEUED", "SENDING", "SENT", "FAILED"},
+			"orders":           {"PENDING", "PAID", "REFUNDING", "REFUNDED", "CLOSED"},
+			"card_stock":       {"UNSOLD", "LOCKED", "SOLD", "RECYCLED", "WITHDRAWN"},
+			"refund_order":     {"PROCESSING", "SUCCEEDED", "FAILED"},
+			"card_batch":       {"ACTIVE", "RECALLED"},
+			"mail_sends":       {"QUEUED", "SENDING", "SENT", "FAILED"},
+			"webhook_delivery": {"PENDING", "DELIVERED", "FAILED", "CANCELLED"},
 		}
 		for _, tr := range domain.Transitions {
 			for _, from := range statuses[tr.Table] {
@@ -104,6 +105,17 @@ func tryInsertRow(b *bundle, table, key, status string, productID int64) error {
 		r := &domain.Refund{RefundNo: key, OrderNo: "o", Provider: "sandbox", TradeNo: "t", Cause: domain.CauseAdmin,
 			AmountFen: 1, PaidFen: 1, Status: domain.RefundStatus(status), CreatedAt: now, UpdatedAt: now}
 		_, err = b.db.NewInsert().Model(r).Exec(b.ctx)
+	case "webhook_delivery":
+		ev := &domain.Event{Type: domain.EventOrderPaid, Subject: "o", OccurredAt: now, Payload: "{}"}
+		if _, err := b.db.NewInsert().Model(ev).Exec(b.ctx); err != nil {
+			return err
+		}
+		e := &domain.WebhookEndpoint{URL: "https://example.com", Events: "order.paid", SecretEnc: []byte("x"), CreatedAt: now, UpdatedAt: now}
+		if _, err := b.db.NewInsert().Model(e).Exec(b.ctx); err != nil {
+			return err
+		}
+		d := &domain.WebhookDelivery{EventID: ev.ID, EndpointID: e.ID, Status: domain.DeliveryStatus(status), LastError: key, CreatedAt: now, UpdatedAt: now}
+		_, err = b.db.NewInsert().Model(d).Exec(b.ctx)
 	}
 	return err
 }

@@ -33,8 +33,8 @@ type LowStock struct {
 	Threshold int
 }
 
-// lowStockCrossed is the one place a low-stock crossing goes: the alert.
-// (A stock.low webhook event, when kami has webhooks, hooks in here.)
+// lowStockCrossed is the one place a low-stock crossing goes: the alert
+// (the stock.low event was written with the flag's flip).
 func (l *Ledger) lowStockCrossed(ctx context.Context, ls LowStock) {
 	l.alerts.Alert(ctx, Alert{Kind: "low_stock", Subject: fmt.Sprintf("product %d", ls.ProductID),
 		Message: fmt.Sprintf("%s: %d sellable cards left, at or below the threshold of %d; import more", ls.Name, ls.Sellable, ls.Threshold)})
@@ -55,24 +55,35 @@ func (l *Ledger) CheckStockFell(ctx context.Context, products ...*Product) error
 		if p == nil || p.LowStockThreshold <= 0 || p.LowStockAlerted {
 			continue
 		}
-		res, err := l.db.NewUpdate().Table("products").Set("low_stock_alerted = ?", true).
-			Where("id = ?", p.ID).Where("low_stock_threshold > 0").Where("low_stock_alerted = ?", false).
-			Where(sellableAtMost, p.ID, bun.List(CardLock.From), p.LowStockThreshold+1).Exec(ctx)
+		var crossed *LowStock
+		err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+			crossed = nil
+			res, err := tx.NewUpdate().Table("products").Set("low_stock_alerted = ?", true).
+				Where("id = ?", p.ID).Where("low_stock_threshold > 0").Where("low_stock_alerted = ?", false).
+				Where(sellableAtMost, p.ID, bun.List(CardLock.From), p.LowStockThreshold+1).Exec(ctx)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n == 0 {
+				return err
+			}
+			var cur Product
+			if err := tx.NewSelect().Model(&cur).Where("id = ?", p.ID).Scan(ctx); err != nil {
+				return err
+			}
+			counts, err := stockCounts(ctx, tx, p.ID)
+			if err != nil {
+				return err
+			}
+			crossed = &LowStock{ProductID: p.ID, Name: cur.Name, Sellable: counts[p.ID].Lockable, Threshold: cur.LowStockThreshold}
+			return recordEvents(ctx, tx, l.now(), stockLowEvent(*crossed))
+		})
 		if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			continue
+		if crossed != nil {
+			l.lowStockCrossed(ctx, *crossed)
 		}
-		cur, err := l.Product(ctx, p.ID)
-		if err != nil {
-			return err
-		}
-		counts, err := l.StockCounts(ctx, p.ID)
-		if err != nil {
-			return err
-		}
-		l.lowStockCrossed(ctx, LowStock{ProductID: p.ID, Name: cur.Name, Sellable: counts[p.ID].Lockable, Threshold: cur.LowStockThreshold})
 	}
 	return nil
 }

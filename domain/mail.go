@@ -473,7 +473,7 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		outcome = "not_sent"
 	}
 	m.log().InfoContext(ctx, "order mail attempt", "mail", id, "order", at.Order.OrderNo, "attempt", at.Mail.Attempts,
-		"outcome", outcome, "err", errText(sendErr))
+		"outcome", outcome, "err", mailErrText(sendErr))
 	if m.Observer != nil {
 		m.Observer.MailAttempted(outcome)
 		if err == nil && res.Status == MailFailed {
@@ -483,7 +483,8 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 	return res, err
 }
 
-func errText(err error) string {
+// mailErrText is a send error's text for the log, "" for none.
+func mailErrText(err error) string {
 	if err == nil {
 		return ""
 	}

@@ -730,7 +730,6 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	// Row locks, taken in order_no order, hold off a payment for these
 	// orders until the batch commits; the payment then finds them CLOSED.
 	if err := forUpdate(tx.NewSelect().Model(&orders).
-		Column("order_no", "product_id", "quantity", "status", "expires_at").
 		Where("order_no IN (?)", bun.List(nos)).Order("order_no")).Scan(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -775,8 +774,11 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	}
 	var flows []StockFlow
 	var alerts []Alert
+	events := make([]Event, 0, len(closing))
 	for _, no := range closing {
 		o := byNo[no]
+		o.Status, o.ClosedAt, o.UpdatedAt = OrderClosed, now, now
+		events = append(events, orderEvent(EventOrderClosed, o))
 		r := CloseResult{OrderNo: no, Outcome: Closed, Status: OrderClosed, ProductID: o.ProductID,
 			Released: recycledBy[no], Withdrawn: withdrawnBy[no], ExpiresAt: o.ExpiresAt}
 		if held := r.Released + r.Withdrawn; held != o.Quantity {
@@ -793,6 +795,9 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		results = append(results, r)
 	}
 	if err := writeFlow(ctx, tx, now, flows...); err != nil {
+		return nil, nil, err
+	}
+	if err := recordEvents(ctx, tx, now, events...); err != nil {
 		return nil, nil, err
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })

@@ -243,11 +243,13 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 		return err
 	}
 	paid := make([]*Order, 0, len(at))
+	events := make([]Event, 0, len(at))
 	for _, i := range at {
 		p, o := ps[i], *orders[ps[i].OrderNo]
 		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt(p, now), now, now
 		results[i] = &PaymentResult{Outcome: PaymentDelivered, Order: &o}
 		paid = append(paid, &o)
+		events = append(events, orderEvent(EventOrderPaid, &o))
 	}
 	mails, err := l.queueOrderMails(ctx, tx, now, paid...)
 	if err != nil {
@@ -256,7 +258,7 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	for _, i := range at {
 		results[i].Mail = mails[ps[i].OrderNo]
 	}
-	return nil
+	return recordEvents(ctx, tx, now, events...)
 }
 
 // paidAt is when the provider says p was paid, as the database keeps it;
@@ -332,6 +334,9 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 		if err != nil {
 			return nil, nil, err
 		}
+		if err := recordEvents(ctx, tx, now, orderEvent(EventOrderPaid, &o)); err != nil {
+			return nil, nil, err
+		}
 		return &PaymentResult{Outcome: PaymentDelivered, Order: &o, Mail: mails[o.OrderNo]}, nil, nil
 	}
 	cur, err := orderIn(ctx, tx, p.OrderNo)
@@ -360,6 +365,9 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 				}
 				mails, err := l.queueOrderMails(ctx, tx, now, cur)
 				if err != nil {
+					return nil, nil, err
+				}
+				if err := recordEvents(ctx, tx, now, orderEvent(EventOrderPaid, cur)); err != nil {
 					return nil, nil, err
 				}
 				return &PaymentResult{Outcome: PaymentLateDelivered, Order: cur, Mail: mails[cur.OrderNo]}, nil, nil
@@ -609,6 +617,14 @@ func (l *Ledger) refundSucceeded(ctx context.Context, tx bun.Tx, refundNo, provi
 		if m != 1 {
 			alerts = append(alerts, Alert{Kind: "inconsistency", Subject: r.OrderNo,
 				Message: fmt.Sprintf("refund %s succeeded but its order was not REFUNDING", refundNo)})
+		} else {
+			o, err := orderIn(ctx, tx, r.OrderNo)
+			if err != nil {
+				return nil, false, nil, err
+			}
+			if err := recordEvents(ctx, tx, now, orderEvent(EventOrderRefunded, o)); err != nil {
+				return nil, false, nil, err
+			}
 		}
 	}
 	return r, true, alerts, nil
@@ -650,6 +666,7 @@ func (l *Ledger) refundAttemptMissed(ctx context.Context, refundNo string, attem
 		byAttempt := func(q *bun.UpdateQuery) *bun.UpdateQuery {
 			return whereRefundNo(refundNo)(q).Where("retry_count = ?", attempt)
 		}
+		gaveUp := false
 		switch {
 		case failures <= len(l.cfg.RefundBackoff):
 			_, err = apply(ctx, tx, RefundAttempt, now, byAttempt,
@@ -667,6 +684,7 @@ func (l *Ledger) refundAttemptMissed(ctx context.Context, refundNo string, attem
 			n, err = apply(ctx, tx, RefundGiveUp, now, byAttempt,
 				col("retry_count = ?", failures), col("last_error = ?", detail), col("next_retry_at = NULL"), col("finished_at = ?", now))
 			if n == 1 {
+				gaveUp = true
 				alert = &Alert{Kind: "refund_failed", Subject: refundNo,
 					Message: fmt.Sprintf("gave up after %d attempts: %s; retry it with retryRefund", failures, detail)}
 			}
@@ -674,8 +692,14 @@ func (l *Ledger) refundAttemptMissed(ctx context.Context, refundNo string, attem
 		if err != nil {
 			return err
 		}
-		r, err = refundIn(ctx, tx, refundNo)
-		return err
+		if r, err = refundIn(ctx, tx, refundNo); err != nil || !gaveUp {
+			return err
+		}
+		o, err := orderIn(ctx, tx, r.OrderNo)
+		if err != nil {
+			return err
+		}
+		return recordEvents(ctx, tx, now, refundEvent(EventRefundFailed, r, o))
 	})
 	if err != nil {
 		return nil, err

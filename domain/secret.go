@@ -81,20 +81,32 @@ func productAD(productID int64) []byte {
 
 // Seal encrypts code with AES-256-GCM under a fresh random nonce.
 func (s *Sealer) Seal(productID int64, code string) []byte {
-	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(code)+s.aead.Overhead())
-	rand.Read(nonce)
-	return s.aead.Seal(nonce, nonce, []byte(code), productAD(productID))
+	return s.seal(productAD(productID), code)
 }
 
 // Open decrypts what Seal produced.
 func (s *Sealer) Open(productID int64, sealed []byte) (string, error) {
-	n := s.aead.NonceSize()
-	if len(sealed) < n+s.aead.Overhead() {
-		return "", errors.New("sealed card code too short")
-	}
-	plain, err := s.aead.Open(nil, sealed[:n], sealed[n:], productAD(productID))
+	plain, err := s.open(productAD(productID), sealed)
 	if err != nil {
 		return "", errors.New("sealed card code does not open with KAMI_CARD_KEY")
+	}
+	return plain, nil
+}
+
+func (s *Sealer) seal(ad []byte, plain string) []byte {
+	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(plain)+s.aead.Overhead())
+	rand.Read(nonce)
+	return s.aead.Seal(nonce, nonce, []byte(plain), ad)
+}
+
+func (s *Sealer) open(ad, sealed []byte) (string, error) {
+	n := s.aead.NonceSize()
+	if len(sealed) < n+s.aead.Overhead() {
+		return "", errors.New("sealed value too short")
+	}
+	plain, err := s.aead.Open(nil, sealed[:n], sealed[n:], ad)
+	if err != nil {
+		return "", err
 	}
 	return string(plain), nil
 }
@@ -127,4 +139,21 @@ func HashToken(token string) string {
 func TokenMatches(token, storedHash string) bool {
 	got := HashToken(token)
 	return hmac.Equal([]byte(got), []byte(storedHash))
+}
+
+// webhookSecretAD binds a sealed secret to its use: a sealed card code
+// copied into an endpoint's row does not open as its secret.
+var webhookSecretAD = []byte("webhook endpoint secret v1")
+
+// SealWebhookSecret encrypts a webhook endpoint's signing secret at rest,
+// as card codes are.
+func (s *Sealer) SealWebhookSecret(secret string) []byte { return s.seal(webhookSecretAD, secret) }
+
+// OpenWebhookSecret decrypts what SealWebhookSecret produced.
+func (s *Sealer) OpenWebhookSecret(sealed []byte) (string, error) {
+	plain, err := s.open(webhookSecretAD, sealed)
+	if err != nil {
+		return "", errors.New("sealed webhook secret does not open with KAMI_CARD_KEY")
+	}
+	return plain, nil
 }

@@ -72,13 +72,27 @@ const (
 // MailStatuses lists every mail status; the schema's CHECK repeats it.
 var MailStatuses = []MailStatus{MailQueued, MailSending, MailSent, MailFailed}
 
+// DeliveryStatus is the state of one webhook delivery (webhook_delivery).
+type DeliveryStatus string
+
+const (
+	DeliveryPending   DeliveryStatus = "PENDING"   // to be sent, or being sent
+	DeliveryDelivered DeliveryStatus = "DELIVERED" // the endpoint answered 2xx
+	DeliveryFailed    DeliveryStatus = "FAILED"    // the retries ran out: alerted
+	DeliveryCancelled DeliveryStatus = "CANCELLED" // its endpoint was disabled or deleted before it was sent
+)
+
+// DeliveryStatuses lists every delivery status; the schema's CHECK repeats it.
+var DeliveryStatuses = []DeliveryStatus{DeliveryPending, DeliveryDelivered, DeliveryFailed, DeliveryCancelled}
+
 // Tables whose status column the transitions move.
 const (
-	tableOrders  = "orders"
-	tableCards   = "card_stock"
-	tableRefunds = "refund_order"
-	tableBatches = "card_batch"
-	tableMails   = "mail_sends"
+	tableMails      = "mail_sends"
+	tableDeliveries = "webhook_delivery"
+	tableOrders     = "orders"
+	tableCards      = "card_stock"
+	tableRefunds    = "refund_order"
+	tableBatches    = "card_batch"
 )
 
 // Transition is one legal move of a status column. The SQL that applies it
@@ -110,6 +124,10 @@ func refundMove(name string, from []RefundStatus, to RefundStatus) Transition {
 
 func mailMove(name string, from []MailStatus, to MailStatus) Transition {
 	return Transition{Name: name, Table: tableMails, From: strs(from), To: string(to)}
+}
+
+func deliveryMove(name string, from []DeliveryStatus, to DeliveryStatus) Transition {
+	return Transition{Name: name, Table: tableDeliveries, From: strs(from), To: string(to)}
 }
 
 // The transition table: every state change kami makes, and only these.
@@ -164,6 +182,19 @@ var (
 	MailGiveUp = mailMove("mail.give_up", []MailStatus{MailQueued, MailSending}, MailFailed)
 )
 
+// Webhook deliveries. An attempt is taken before it is sent (attempts
+// + 1 and the next due time pushed past the request's timeout, guarded by
+// the attempt count and the due time): of two workers holding the same
+// delivery, one sends it.
+var (
+	DeliveryAttempt = deliveryMove("delivery.attempt", []DeliveryStatus{DeliveryPending}, DeliveryPending)
+	DeliveryDeliver = deliveryMove("delivery.deliver", []DeliveryStatus{DeliveryPending}, DeliveryDelivered)
+	DeliveryGiveUp  = deliveryMove("delivery.give_up", []DeliveryStatus{DeliveryPending}, DeliveryFailed)
+	DeliveryCancel  = deliveryMove("delivery.cancel", []DeliveryStatus{DeliveryPending}, DeliveryCancelled)
+	// An admin sends an event again: a fresh round of attempts.
+	DeliveryResend = deliveryMove("delivery.resend", []DeliveryStatus{DeliveryDelivered, DeliveryFailed, DeliveryCancelled}, DeliveryPending)
+)
+
 // Transitions is the whole table, for tests and documentation.
 var Transitions = []Transition{
 	OrderPay, OrderClose, OrderLateRefund, OrderLateDeliver, OrderAdminRefund, OrderRefundDone,
@@ -171,6 +202,7 @@ var Transitions = []Transition{
 	BatchRecall,
 	RefundSucceed, RefundGiveUp, RefundRetry, RefundAttempt, RefundAwait,
 	MailBeginAttempt, MailTakeOver, MailDone, MailRetry, MailGiveUp,
+	DeliveryAttempt, DeliveryDeliver, DeliveryGiveUp, DeliveryCancel, DeliveryResend,
 }
 
 // Allowed reports whether some transition moves table's status from → to.

@@ -755,7 +755,7 @@ func (r *StatementReconciler) record(ctx context.Context, d *dayRun) *StatementR
 				return err
 			}
 		}
-		return nil
+		return recordEvents(ctx, tx, run.FinishedAt, differenceEvents(d.diffs)...)
 	})
 	if err != nil {
 		// What was settled is in the ledger; only this report is lost.

@@ -99,6 +99,25 @@ func (sb *statementBundle) reconcile(t *testing.T, days []providers.Day) ([]doma
 			t.Fatal(err)
 		}
 		diffs = append(diffs, page.Differences...)
+		// Each difference not reported before is one event, written with the run.
+		want := 0
+		for _, d := range page.Differences {
+			if d.Action != domain.ActAlreadyReported {
+				want++
+			}
+		}
+		var got int
+		for _, ev := range outboxEvents(t, sb.bundle, domain.EventReconciliationDifference) {
+			if strings.Contains(ev.Payload, fmt.Sprintf(`"runId":"%d"`, run.ID)) {
+				got++
+				if strings.Contains(ev.Payload, `"id":"0"`) {
+					t.Fatalf("an event names no difference: %s", ev.Payload)
+				}
+			}
+		}
+		if got != want {
+			t.Fatalf("run %d: %d reconciliation.difference events, want %d", run.ID, got, want)
+		}
 	}
 	return runs, diffs
 }

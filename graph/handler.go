@@ -79,6 +79,9 @@ type Config struct {
 	// reconcileStatements; nil: those answer UNAVAILABLE.
 	Reconciler *domain.Reconciler
 	Statements *domain.StatementReconciler
+	// Webhooks manages the outgoing webhooks; nil: their fields answer
+	// UNAVAILABLE.
+	Webhooks *domain.Webhooks
 	// AdminToken is KAMI_ADMIN_TOKEN; an empty token admits nobody.
 	AdminToken string
 	Logger     *slog.Logger

@@ -23,6 +23,14 @@ type jobs struct {
 	started bool
 }
 
+// newJobs returns jobs whose work context exists before Start, for a
+// worker whose drain may be called directly (tests, a one-off run); begin
+// replaces it with one made from Start's context.
+func newJobs() jobs {
+	ctx, cancel := context.WithCancel(context.Background())
+	return jobs{ctx: ctx, cancel: cancel, stopped: make(chan struct{})}
+}
+
 // cronJob is one job: a cron spec with seconds and what to run.
 type cronJob struct {
 	spec string
@@ -35,6 +43,9 @@ func (j *jobs) begin(ctx context.Context, what string) error {
 		return errors.New(what + " already started")
 	}
 	j.started = true
+	if j.cancel != nil {
+		j.cancel()
+	}
 	j.stopped = make(chan struct{})
 	j.ctx, j.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	return nil

@@ -62,6 +62,16 @@ func (k Keys) MailLease() string { return k.MailQueue() + ":lease" }
 // MailSweepLock keeps the mail sweeper to one process per interval.
 func (k Keys) MailSweepLock() string { return k.Lock("sweep:mail") }
 
+// WebhookQueue is the ZSET of webhook deliveries to attempt (their ids),
+// scored by due time.
+func (k Keys) WebhookQueue() string { return k.prefix + "{delay:webhook}" }
+
+// WebhookLease holds claimed webhook deliveries.
+func (k Keys) WebhookLease() string { return k.WebhookQueue() + ":lease" }
+
+// WebhookSweepLock keeps the webhook sweeper to one process per interval.
+func (k Keys) WebhookSweepLock() string { return k.Lock("sweep:webhooks") }
+
 // Stock is the admission counter of a product: how many cards may still be
 // sold. The product id is the hash tag.
 func (k Keys) Stock(productID int64) string {

@@ -65,6 +65,23 @@ func workerMain() int {
 		}
 		fmt.Printf("claimed %d\n", len(c.Members))
 		select {}
+	case "pay-and-hang":
+		// Record a payment (its outbox event committed with it), then hang
+		// until the parent kills the process: nothing is delivered.
+		sealer, err := domain.NewSealer(domaintest.Key())
+		if err != nil {
+			return fail(err)
+		}
+		ledger := domain.NewLedger(db, sealer, domain.Config{}, domain.LogAlerter{Logger: quietLogger()})
+		o, err := ledger.Order(ctx, os.Getenv("KAMI_QW_ORDER"))
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := ledger.RecordPayment(ctx, domain.Payment{Provider: o.Provider, OrderNo: o.OrderNo, TradeNo: "T-" + o.OrderNo, AmountFen: o.AmountFen}); err != nil {
+			return fail(err)
+		}
+		fmt.Println("paid")
+		select {}
 	case "work":
 		sealer, err := domain.NewSealer(domaintest.Key())
 		if err != nil {
@@ -100,8 +117,14 @@ type child struct {
 
 func startChild(t *testing.T, mode, dbURL, redisURL, prefix string, lease time.Duration, batch int) *child {
 	t.Helper()
+	return startChildEnv(t, nil, mode, dbURL, redisURL, prefix, lease, batch)
+}
+
+// startChildEnv is startChild with more variables for the child.
+func startChildEnv(t *testing.T, env []string, mode, dbURL, redisURL, prefix string, lease time.Duration, batch int) *child {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), workerEnv+"="+mode, "KAMI_QW_DB="+dbURL, "KAMI_QW_REDIS="+redisURL,
+	cmd.Env = append(append(os.Environ(), env...), workerEnv+"="+mode, "KAMI_QW_DB="+dbURL, "KAMI_QW_REDIS="+redisURL,
 		"KAMI_QW_PREFIX="+prefix, "KAMI_QW_LEASE="+lease.String(), "KAMI_QW_BATCH="+strconv.Itoa(batch))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()

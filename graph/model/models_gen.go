@@ -72,6 +72,19 @@ type CreateProductInput struct {
 	LowStockThreshold *int    `json:"lowStockThreshold,omitempty"`
 }
 
+type CreateWebhookEndpointInput struct {
+	// An absolute http(s) URL. One that points at kami itself, or at a
+	// loopback, link-local or private address, is refused unless
+	// KAMI_WEBHOOK_ALLOW_PRIVATE is on.
+	URL         string   `json:"url"`
+	Events      []string `json:"events"`
+	Description *string  `json:"description,omitempty"`
+	// Default true.
+	Enabled *bool `json:"enabled,omitempty"`
+	// Default false.
+	ReceivesCodes *bool `json:"receivesCodes,omitempty"`
+}
+
 type ImportFileInput struct {
 	ProductID int64                `json:"productId"`
 	File      graphql.Upload       `json:"file"`
@@ -202,4 +215,29 @@ type UpdateProductInput struct {
 	CodeMinLength     *int    `json:"codeMinLength,omitempty"`
 	CodeMaxLength     *int    `json:"codeMaxLength,omitempty"`
 	LowStockThreshold *int    `json:"lowStockThreshold,omitempty"`
+}
+
+type UpdateWebhookEndpointInput struct {
+	URL         *string  `json:"url,omitempty"`
+	Events      []string `json:"events,omitempty"`
+	Description *string  `json:"description,omitempty"`
+	// false disables it: nothing more is sent, its pending deliveries are cancelled.
+	Enabled       *bool `json:"enabled,omitempty"`
+	ReceivesCodes *bool `json:"receivesCodes,omitempty"`
+}
+
+type WebhookDeliveryConnection struct {
+	Edges    []*WebhookDeliveryEdge `json:"edges"`
+	PageInfo *PageInfo              `json:"pageInfo"`
+}
+
+type WebhookDeliveryEdge struct {
+	Cursor string                  `json:"cursor"`
+	Node   *domain.WebhookDelivery `json:"node"`
+}
+
+// An endpoint with its signing secret, shown this once.
+type WebhookEndpointWithSecret struct {
+	Endpoint *domain.WebhookEndpoint `json:"endpoint"`
+	Secret   string                  `json:"secret"`
 }

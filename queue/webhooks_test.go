@@ -1,0 +1,212 @@
+package queue_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/domain/webhook"
+	"kami/queue"
+	"kami/queue/redistest"
+)
+
+// hookReceiver is a webhook endpoint that counts what it got, by event id.
+type hookReceiver struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	ids []string
+}
+
+func newHookReceiver(t testing.TB) *hookReceiver {
+	r := &hookReceiver{}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		io.Copy(io.Discard, req.Body)
+		r.mu.Lock()
+		r.ids = append(r.ids, req.Header.Get("Kami-Event-Id"))
+		r.mu.Unlock()
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *hookReceiver) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.ids...)
+}
+
+// webhooks is the webhook service over the env's ledger with an endpoint
+// at r for order.paid (receivers on 127.0.0.1 allowed).
+func webhooksTo(t testing.TB, l *domain.Ledger, r *hookReceiver) *domain.Webhooks {
+	t.Helper()
+	h := domain.NewWebhooks(l, domain.WebhookConfig{Timeout: 5 * time.Second, Guard: webhook.Guard{AllowPrivate: true}}, domain.LogAlerter{Logger: quietLogger()}, quietLogger())
+	url := r.srv.URL
+	if _, _, err := h.CreateEndpoint(context.Background(), domain.WebhookEndpointInput{URL: &url, Events: []domain.EventType{domain.EventOrderPaid}}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// webhookWorkers starts delivery workers that stop when the test ends.
+func webhookWorkers(t testing.TB, rs *redistest.Server, keys queue.Keys, h *domain.Webhooks) *queue.WebhookWorkers {
+	t.Helper()
+	w := queue.NewWebhookWorkers(queue.Config{Lease: 2 * time.Second, RecoverEvery: time.Second, SweepEvery: time.Second}, rs.Client, keys, h, quietLogger())
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a deadline for a hang, never a speed
+		defer cancel()
+		w.Stop(ctx)
+	})
+	return w
+}
+
+// payOrder places and pays one order through the ledger and returns it.
+func payOrder(t testing.TB, l *domain.Ledger, p *domain.Product, trade string) *domain.Order {
+	t.Helper()
+	ctx := context.Background()
+	placed, err := l.PlaceOrder(ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: "buyer@example.com", Provider: "sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.RecordPayment(ctx, domain.Payment{Provider: "sandbox", OrderNo: placed.Order.OrderNo, TradeNo: trade, AmountFen: placed.Order.AmountFen}); err != nil {
+		t.Fatal(err)
+	}
+	return placed.Order
+}
+
+// paidOrdersHooked is an env with a receiver behind an order.paid
+// endpoint, and one paid order per trade.
+func paidOrdersHooked(t testing.TB, db *bun.DB, rs *redistest.Server, trades ...string) (*env, *hookReceiver, *domain.Webhooks) {
+	t.Helper()
+	e := newEnv(t, db, rs, domain.Config{})
+	r := newHookReceiver(t)
+	h := webhooksTo(t, e.ledger, r)
+	p := e.product(t, len(trades))
+	for _, trade := range trades {
+		payOrder(t, e.ledger, p, trade)
+	}
+	return e, r, h
+}
+
+func webhookCombos(t *testing.T, fn func(t *testing.T, db *bun.DB, rs *redistest.Server)) {
+	for _, c := range []struct {
+		dk dbtest.Kind
+		rk redistest.Kind
+	}{{dbtest.Postgres, redistest.Real}, {dbtest.MySQL, redistest.Real}, {dbtest.SQLite, redistest.Mini}} {
+		t.Run(string(c.dk)+"/"+string(c.rk), func(t *testing.T) {
+			t.Parallel()
+			rs := redistest.Open(t, c.rk)
+			fn(t, dbtest.Open(t, c.dk), rs)
+		})
+	}
+}
+
+// TestWebhookWorkersDeliverOnce: the workers deliver each paid order's
+// event to a 2xx receiver exactly once, through the delay queue.
+func TestWebhookWorkersDeliverOnce(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e, r, h := paidOrdersHooked(t, db, rs, "T1", "T2", "T3")
+		webhookWorkers(t, rs, e.keys, h)
+		eventually(t, 30*time.Second, "three events delivered", func() bool { return len(r.got()) >= 3 })
+		waitDelivered(t, db, 3)
+		if got := r.got(); len(got) != 3 || got[0] == got[1] || got[1] == got[2] || got[0] == got[2] {
+			t.Fatalf("received %v, want three events once each", got)
+		}
+	})
+}
+
+// waitDelivered waits until n deliveries are DELIVERED and none PENDING.
+func waitDelivered(t testing.TB, db *bun.DB, n int) {
+	t.Helper()
+	eventually(t, 30*time.Second, "deliveries recorded DELIVERED", func() bool {
+		var delivered, pending int
+		db.NewSelect().Table("webhook_delivery").ColumnExpr("COUNT(*)").Where("status = ?", domain.DeliveryDelivered).Scan(context.Background(), &delivered)
+		db.NewSelect().Table("webhook_delivery").ColumnExpr("COUNT(*)").Where("status = ?", domain.DeliveryPending).Scan(context.Background(), &pending)
+		return delivered == n && pending == 0
+	})
+}
+
+// TestWebhookFlushAllLosesNothing: deliveries fanned out and queued, then
+// Redis is flushed: the sweeper rebuilds the queue from the database and
+// every event is delivered, once.
+func TestWebhookFlushAllLosesNothing(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e, r, h := paidOrdersHooked(t, db, rs, "T1", "T2")
+		w := queue.NewWebhookWorkers(queue.Config{Lease: 2 * time.Second}, rs.Client, e.keys, h, quietLogger())
+		// Fanned out and queued by a sweep that is not followed by a drain.
+		if _, err := w.Sweep(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := w.QueueStats(e.ctx); err != nil || st.Backlog != 2 {
+			t.Fatalf("queue before the flush: %+v, %v", st, err)
+		}
+		if err := rs.Client.FlushAll(e.ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		w.Drain() // nothing on the queue: nothing sent
+		if len(r.got()) != 0 {
+			t.Fatal("delivered from an empty queue")
+		}
+		if n, err := w.Sweep(e.ctx); err != nil || n != 2 {
+			t.Fatalf("sweep after the flush queued %d, %v; want 2", n, err)
+		}
+		w.Drain()
+		waitDelivered(t, db, 2)
+		if got := r.got(); len(got) != 2 || got[0] == got[1] {
+			t.Fatalf("received %v", got)
+		}
+	})
+}
+
+// TestWebhookSurvivesKill9: a process records a payment (its event
+// committed with it) and is killed with SIGKILL before anything is
+// delivered; the workers of another process deliver the event once.
+func TestWebhookSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		dk dbtest.Kind
+		rk redistest.Kind
+	}{{dbtest.Postgres, redistest.Real}, {dbtest.MySQL, redistest.Real}} {
+		t.Run(string(c.dk), func(t *testing.T) {
+			t.Parallel()
+			pe := newProcEnv(t, c.dk, c.rk)
+			r := newHookReceiver(t)
+			h := webhooksTo(t, pe.ledger, r)
+			name, price := "Key", int64(500)
+			p, err := pe.ledger.CreateProduct(context.Background(), domain.ProductInput{Name: &name, PriceFen: &price}, "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pe.ledger.ImportCards(context.Background(), p.ID, []string{"K-1"}, "test"); err != nil {
+				t.Fatal(err)
+			}
+			placed, err := pe.ledger.PlaceOrder(context.Background(), domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: "b@example.com", Provider: "sandbox"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			victim := startChildEnv(t, []string{"KAMI_QW_ORDER=" + placed.Order.OrderNo}, "pay-and-hang", pe.dbURL, pe.rs.URL, pe.keys.Prefix(), time.Second, 1)
+			victim.line(t, "paid", 30*time.Second)
+			victim.kill9(t)
+			if len(r.got()) != 0 {
+				t.Fatal("delivered before the kill")
+			}
+			webhookWorkers(t, pe.rs, pe.keys, h)
+			waitDelivered(t, pe.db, 1)
+			if got := r.got(); len(got) != 1 {
+				t.Fatalf("received %v, want the one event once", got)
+			}
+		})
+	}
+}
