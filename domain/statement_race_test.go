@@ -25,6 +25,9 @@ func TestRaceSettlingPaths(t *testing.T) {
 		gw := alipayGateway(t)
 		sb := newStatementBundle(t, db, gw, domain.Config{OrderTTL: time.Minute})
 		const rounds, perRound = 3, 12
+		// Enough cards for every order to be delivered: whichever path
+		// wins, a closed order's cards come back only when the close won.
+		sb.p = sb.product(t, 1250, rounds*perRound)
 		for round := 0; round < rounds; round++ {
 			orders := make([]*domain.Order, perRound)
 			notes := make([]note, perRound)
