@@ -92,11 +92,12 @@ func withTimeouts(o *redis.Options) *redis.Options {
 	return o
 }
 
-// noRetries turns go-redis's own retries off. The stock scripts are not
-// idempotent: a take or give-back whose answer was lost, sent again, would
-// count twice, or land after the counter was rebuilt. Every caller handles
-// a failed call instead (the gate marks the counter for a rebuild, workers
-// back off and try again, claims come back after their lease).
+// noRetries turns go-redis's own retries off: every caller handles a
+// failed call instead (the gate marks the counter for a rebuild, workers
+// back off and try again, claims come back after their lease). A Redis
+// Cluster client still sends a command again after a timeout or a
+// redirect; the stock scripts count each operation once (see takeScript),
+// so such a copy is harmless.
 const noRetries = -1
 
 // redactURL describes a URL parse failure without the URL's password.

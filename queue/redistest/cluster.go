@@ -29,8 +29,9 @@ type Cluster struct {
 
 // ClusterNodeTimeout is the cluster's cluster-node-timeout: how long a
 // master may be unreachable before its replica takes over. Short, so a
-// failover test waits seconds, not the default 15 s.
-const ClusterNodeTimeout = 2 * time.Second
+// failover test waits seconds, not the default 15 s; longer than the
+// 3 s stall of a test (DEBUG SLEEP) that must not make a failover.
+const ClusterNodeTimeout = 4 * time.Second
 
 // StartCluster starts a 3-master, 3-replica Redis Cluster for the test and
 // waits until every node reports cluster_state:ok and every master has its
@@ -50,7 +51,9 @@ func StartCluster(t testing.TB) *Cluster {
 			"--cluster-replica-validity-factor", "0",
 			// A replica's first sync starts at once, not after the 5 s
 			// redis-server waits for more replicas to share it.
-			"--repl-diskless-sync-delay", "0")
+			"--repl-diskless-sync-delay", "0",
+			// DEBUG SLEEP stalls a node, as a busy or swapping master does.
+			"--enable-debug-command", "local")
 		c.Nodes = append(c.Nodes, n)
 		c.busPorts = append(c.busPorts, busPort)
 		addrs = append(addrs, n.Addr)
