@@ -182,7 +182,7 @@ func (h *hub) orderNos() []string {
 
 // run keeps the pattern subscription: it subscribes, feeds the messages to
 // the subscribers, and when the connection breaks or goes silent it makes a
-// new one, waiting longer after each failure (up to 5s).
+// new one, waiting longer after each failure (up to a second).
 func (h *hub) run(ctx context.Context) {
 	pattern := h.e.keys.OrderChannelPattern()
 	wait := 100 * time.Millisecond
@@ -200,11 +200,16 @@ func (h *hub) run(ctx context.Context) {
 		}
 		ps.Close()
 		h.setUp(false)
+		if c, ok := h.e.rdb.(*redis.ClusterClient); ok {
+			// The node of the subscription may have failed over: the
+			// next PSUBSCRIBE goes where the layout says, so look again.
+			c.ReloadState(ctx)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 5*time.Second)
+		wait = min(2*wait, time.Second)
 	}
 }
 
