@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -83,7 +85,12 @@ func Connect(ctx context.Context, rawURL string) (redis.UniversalClient, func() 
 			rdb = redis.NewClient(one)
 		}
 	}
-	closeAll := func() error { return errors.Join(rdb.Close(), stop()) }
+	closeAll := func() error {
+		if c, ok := rdb.(*redis.ClusterClient); ok {
+			clusterFailures.Delete(c)
+		}
+		return errors.Join(rdb.Close(), stop())
+	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
@@ -141,15 +148,38 @@ func newClusterClient(o *redis.ClusterOptions) *redis.ClusterClient {
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MaxRetries = t.DialTimeout, t.ReadTimeout, t.WriteTimeout, t.MaxRetries
 	o.ClusterStateReloadInterval = clusterReloadEvery
 	c := redis.NewClusterClient(o)
-	c.AddHook(reloadOnFailure{c})
+	n := new(atomic.Int64)
+	clusterFailures.Store(c, n)
+	c.AddHook(reloadOnFailure{c, n})
 	return c
+}
+
+// clusterFailures counts, for each cluster client newClusterClient made,
+// the commands and pipelines that failed as a failover makes them fail.
+var clusterFailures sync.Map // *redis.ClusterClient → *atomic.Int64
+
+// failuresOf is how many commands of rdb failed as a failover makes them
+// fail (see layoutMayHaveChanged); 0 for a client that is not a cluster
+// client of newClusterClient.
+func failuresOf(rdb redis.UniversalClient) int64 {
+	c, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return 0
+	}
+	if n, ok := clusterFailures.Load(c); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // reloadOnFailure asks the cluster client to reload the layout after a
 // command or pipeline that failed as a failover makes commands fail. The
 // reload runs in the background, at most once per 200 ms (go-redis's
 // LazyReload), so a burst of failures costs one CLUSTER SLOTS.
-type reloadOnFailure struct{ c *redis.ClusterClient }
+type reloadOnFailure struct {
+	c        *redis.ClusterClient
+	failures *atomic.Int64
+}
 
 func (h reloadOnFailure) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -157,6 +187,7 @@ func (h reloadOnFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if layoutMayHaveChanged(err) {
+			h.failures.Add(1)
 			h.c.ReloadState(ctx)
 		}
 		return err
@@ -168,6 +199,7 @@ func (h reloadOnFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		err := next(ctx, cmds)
 		for _, cmd := range cmds {
 			if layoutMayHaveChanged(cmd.Err()) {
+				h.failures.Add(1)
 				h.c.ReloadState(ctx)
 				break
 			}

@@ -266,7 +266,11 @@ func (h *hub) setUp(up bool) {
 
 // catchUpLoop sends every subscriber its order's status from the database
 // when kicked, and every PollInterval while the subscription is down, every
-// ResyncInterval while it is up.
+// ResyncInterval while it is up. On a Redis Cluster it also catches up
+// once the process's commands stopped failing as a failover makes them
+// fail: an event published during the failover may never have reached
+// this process's subscription, though the subscription itself held (a
+// PUBLISH to the master that died, or lost on its way between nodes).
 func (h *hub) catchUpLoop(ctx context.Context) {
 	poll, resync := h.e.PollInterval, h.e.ResyncInterval
 	if poll <= 0 {
@@ -277,12 +281,31 @@ func (h *hub) catchUpLoop(ctx context.Context) {
 	}
 	timer := time.NewTimer(poll) // not up yet
 	defer timer.Stop()
+	var settle <-chan time.Time
+	if _, cluster := h.e.rdb.(*redis.ClusterClient); cluster {
+		t := time.NewTicker(failoverSettle)
+		defer t.Stop()
+		settle = t.C
+	}
+	seen, failing := failuresOf(h.e.rdb), false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-h.kick:
 		case <-timer.C:
+		case <-settle:
+			// Caught up after a tick without new failures: the
+			// cluster answers again.
+			n := failuresOf(h.e.rdb)
+			if n != seen {
+				seen, failing = n, true
+				continue
+			}
+			if !failing {
+				continue
+			}
+			failing = false
 		}
 		h.catchUp(ctx)
 		next := resync
@@ -292,6 +315,10 @@ func (h *hub) catchUpLoop(ctx context.Context) {
 		timer.Reset(next)
 	}
 }
+
+// failoverSettle is how often a hub on a Redis Cluster looks whether its
+// process's commands failed since it last looked.
+const failoverSettle = time.Second
 
 func (h *hub) catchUp(ctx context.Context) {
 	nos := h.orderNos()
