@@ -76,6 +76,7 @@ func (p *Private) Start() {
 	args := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--protected-mode", "no", "--dir", p.t.TempDir()}, p.args...)
 	p.cmd = exec.Command("redis-server", args...)
+	dieWithTest(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatalf("redis-server: %v", err)
 	}
