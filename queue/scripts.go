@@ -2,9 +2,11 @@ package queue
 
 import "github.com/redis/go-redis/v9"
 
-// Every Lua script kami runs. Scores are unix milliseconds; "now" always
-// comes from the caller (the ledger's clock), so tests control time and every
-// process judges due-ness by the same clock as the database.
+// Every Lua script kami runs. Scores are unix milliseconds; the "now" of
+// due-ness comes from the caller (the ledger's clock), so tests control time
+// and every process judges due-ness by the same clock as the database. Only
+// the stock operations' record, which no due-ness depends on, keeps Redis's
+// own time.
 
 // claimScript moves up to ARGV[2] due members of a queue into its lease set,
 // atomically: no two callers ever get the same member.
@@ -86,19 +88,22 @@ return n
 // still run) counts once. The set is scored by the time of the operation
 // and keeps it for stockOpsKeep: each call drops what is older, and the
 // set expires with the last operation, so it holds at most the
-// operations of that window.
+// operations of that window. The time is Redis's own (TIME), not the
+// caller's: processes whose clocks differ must not drop each other's
+// records early.
 
 // takeScript takes ARGV[1] from a stock counter if at least that many are
 // left, once per operation id.
 //
 // KEYS[1] stock counter, KEYS[2] its operations set (same hash tag)
-// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] now (unix ms), ARGV[4]
-// how long an operation is remembered (ms)
+// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
+// remembered (ms)
 // Returns 1 taken (now, or by an earlier copy of this operation), 0 not
 // enough, -1 the counter is missing (the caller rebuilds it from the
 // database and tries again).
 var takeScript = redis.NewScript(`
-local now, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - keep))
 if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 1 end
 local v = redis.call('GET', KEYS[1])
@@ -122,12 +127,13 @@ return 0
 //
 // KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum,
 // KEYS[4] its operations set
-// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] now (unix ms), ARGV[4]
-// how long an operation is remembered (ms)
+// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
+// remembered (ms)
 // Returns the new value (the current one when an earlier copy of this
 // operation gave back), or -1 when the counter is missing.
 var giveBackScript = redis.NewScript(`
-local now, keep = tonumber(ARGV[3]), tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - keep))
 local done = redis.call('ZSCORE', KEYS[4], ARGV[2])
 local exists = redis.call('EXISTS', KEYS[1]) == 1

@@ -109,7 +109,7 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 // once.
 func (g *StockGate) take(ctx context.Context, productID int64, qty int, op string) (int, error) {
 	keys := []string{g.keys.Stock(productID), g.keys.StockOps(productID)}
-	args := []any{qty, op, time.Now().UnixMilli(), stockOpsKeep.Milliseconds()}
+	args := []any{qty, op, stockOpsKeep.Milliseconds()}
 	cmd := send(ctx, g.pipe, func(p redis.Pipeliner) *redis.Cmd { return takeScript.EvalSha(ctx, p, keys, args...) })
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		cmd = takeScript.Run(ctx, g.rdb, keys, args...)
@@ -141,7 +141,7 @@ func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) erro
 func (g *StockGate) giveBack(ctx context.Context, productID int64, qty int, op string) error {
 	return giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID), g.keys.StockRebuildLock(productID),
 		g.keys.StockRebuildPending(productID), g.keys.StockOps(productID)},
-		qty, op, time.Now().UnixMilli(), stockOpsKeep.Milliseconds()).Err()
+		qty, op, stockOpsKeep.Milliseconds()).Err()
 }
 
 func (g *StockGate) markDirty(productID int64) {
