@@ -18,6 +18,7 @@ import (
 	"kami/domain/domaintest"
 	"kami/graph"
 	"kami/queue"
+	"kami/queue/redistest"
 )
 
 // wsClient speaks graphql-transport-ws or the older graphql-ws over a real
@@ -265,15 +266,37 @@ func TestSubscriptionAuth(t *testing.T) {
 }
 
 // TestSubscriptionAcrossProcesses: two handlers, each with its own Redis
-// client and queue.Events, stand for two server processes. A change made
-// through one reaches a subscriber of the other by the push: the catch-up
-// polls are an hour apart here, so nothing else could bring it in time.
+// client and queue.Events, stand for two server processes, on one Redis and
+// on a Redis Cluster (kami's own cluster client). A change made through one
+// reaches a subscriber of the other by the push: the catch-up polls are an
+// hour apart here, so nothing else could bring it in time.
 func TestSubscriptionAcrossProcesses(t *testing.T) {
 	t.Parallel()
-	m := miniredis.RunT(t)
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		m := miniredis.RunT(t)
+		subscriptionAcrossProcesses(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: m.Addr()}) })
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		if testing.Short() {
+			t.Skip("starts a Redis Cluster")
+		}
+		c := redistest.StartCluster(t)
+		subscriptionAcrossProcesses(t, func() redis.UniversalClient {
+			rdb, _, err := queue.Connect(context.Background(), c.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rdb
+		})
+	})
+}
+
+func subscriptionAcrossProcesses(t *testing.T, client func() redis.UniversalClient) {
 	keys := queue.NewKeys(fmt.Sprintf("kami-test-%d:", time.Now().UnixNano()))
 	newEvents := func() *queue.Events {
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		rdb := client()
 		t.Cleanup(func() { rdb.Close() })
 		ev := queue.NewEvents(rdb, keys, quietLogger())
 		ev.PollInterval, ev.ResyncInterval = time.Hour, time.Hour

@@ -90,28 +90,86 @@ func (e *Events) start() {
 	go e.publish()
 }
 
+// publish sends the buffered events in pipelines of up to 500. Events a
+// pipeline could not publish (the node it went to died, the cluster is
+// failing over) are sent again, after a pause that grows to a second, with
+// the next ones: an event lost on the publishing side would reach a
+// subscriber in another process only at its next resync, a minute later.
+// A status sent again is harmless: a subscriber skips a status it has.
 func (e *Events) publish() {
 	defer close(e.done)
 	ctx := context.Background()
-	for ev := range e.pending {
-		pipe := e.rdb.Pipeline()
-		pipe.Publish(ctx, ev.channel, string(ev.status))
+	var unsent []event
+	wait := 50 * time.Millisecond
+	for {
+		batch := unsent
+		if len(unsent) == 0 {
+			ev, ok := <-e.pending
+			if !ok {
+				return
+			}
+			batch = []event{ev}
+		} else {
+			select {
+			case ev, ok := <-e.pending:
+				if !ok {
+					e.send(ctx, unsent) // the last try, at Close
+					return
+				}
+				batch = append(batch, ev)
+			case <-time.After(wait):
+			}
+		}
 	more:
-		for n := 1; n < 500; n++ {
+		for len(batch) < 500 {
 			select {
 			case ev, ok := <-e.pending:
 				if !ok {
 					break more
 				}
-				pipe.Publish(ctx, ev.channel, string(ev.status))
+				batch = append(batch, ev)
 			default:
 				break more
 			}
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			e.log.Warn("order events not published", "events", pipe.Len(), "err", err)
+		unsent = e.send(ctx, batch)
+		if len(unsent) == 0 {
+			wait = 50 * time.Millisecond
+			continue
+		}
+		wait = min(2*wait, time.Second)
+		if over := len(unsent) - maxUnsent; over > 0 {
+			// The oldest go: a subscriber reads its order again at its
+			// next resync.
+			unsent = unsent[over:]
+			e.dropped.Add(int64(over))
 		}
 	}
+}
+
+// maxUnsent bounds the events kept to be published again while Redis is
+// away.
+const maxUnsent = 10_000
+
+// send publishes events in one pipeline and returns those that failed.
+func (e *Events) send(ctx context.Context, events []event) []event {
+	pipe := e.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, len(events))
+	for i, ev := range events {
+		cmds[i] = pipe.Publish(ctx, ev.channel, string(ev.status))
+	}
+	_, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	var failed []event
+	for i, c := range cmds {
+		if c.Err() != nil {
+			failed = append(failed, events[i])
+		}
+	}
+	e.log.Warn("order events not published; sending them again", "events", len(failed), "err", err)
+	return failed
 }
 
 // Close publishes what is buffered, stops the publisher and the shared

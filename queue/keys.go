@@ -85,6 +85,10 @@ func (k Keys) StockRebuildLock(productID int64) string { return k.Stock(productI
 // its rebuild was counting the database.
 func (k Keys) StockRebuildPending(productID int64) string { return k.Stock(productID) + ":pending" }
 
+// StockOps records the takes and give-backs of a product's counter by
+// operation id, so that one sent twice counts once (see takeScript).
+func (k Keys) StockOps(productID int64) string { return k.Stock(productID) + ":ops" }
+
 // SweepLock keeps the sweeper to one process per interval.
 func (k Keys) SweepLock() string { return k.Lock("sweep") }
 

@@ -63,9 +63,15 @@ func (pe *procEnv) seedDue(t *testing.T, n int) (int64, []string) {
 	return pid, nos
 }
 
+// procCombos runs fn on each database with each Redis: the in-process one,
+// the real one and a Redis Cluster of the test's own (the server databases
+// only: how several processes scale out).
 func procCombos(t *testing.T, fn func(t *testing.T, dk dbtest.Kind, rk redistest.Kind)) {
 	for _, dk := range []dbtest.Kind{dbtest.SQLite, dbtest.Postgres, dbtest.MySQL} {
-		for _, rk := range []redistest.Kind{redistest.Mini, redistest.Real} {
+		for _, rk := range []redistest.Kind{redistest.Mini, redistest.Real, redistest.RealCluster} {
+			if rk == redistest.RealCluster && dk == dbtest.SQLite {
+				continue
+			}
 			t.Run(string(dk)+"/"+string(rk), func(t *testing.T) {
 				t.Parallel()
 				fn(t, dk, rk)

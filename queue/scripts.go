@@ -2,9 +2,11 @@ package queue
 
 import "github.com/redis/go-redis/v9"
 
-// Every Lua script kami runs. Scores are unix milliseconds; "now" always
-// comes from the caller (the ledger's clock), so tests control time and every
-// process judges due-ness by the same clock as the database.
+// Every Lua script kami runs. Scores are unix milliseconds; the "now" of
+// due-ness comes from the caller (the ledger's clock), so tests control time
+// and every process judges due-ness by the same clock as the database. Only
+// the stock operations' record, which no due-ness depends on, keeps Redis's
+// own time.
 
 // claimScript moves up to ARGV[2] due members of a queue into its lease set,
 // atomically: no two callers ever get the same member.
@@ -79,42 +81,78 @@ end
 return n
 `)
 
+// A take and a give-back are each sent with an operation id of their own
+// (a random token per call) and recorded, under it, in the product's
+// operations set, so that the same command sent again (a Redis Cluster
+// client resends a command whose answer timed out, and the first copy may
+// still run) counts once. The set is scored by the time of the operation
+// and keeps it for stockOpsKeep: each call drops what is older, and the
+// set expires with the last operation, so it holds at most the
+// operations of that window. The time is Redis's own (TIME), not the
+// caller's: processes whose clocks differ must not drop each other's
+// records early.
+
 // takeScript takes ARGV[1] from a stock counter if at least that many are
-// left.
+// left, once per operation id.
 //
-// KEYS[1] stock counter
-// ARGV[1] quantity
-// Returns 1 taken, 0 not enough, -1 the counter is missing (the caller
-// rebuilds it from the database and tries again).
+// KEYS[1] stock counter, KEYS[2] its operations set (same hash tag)
+// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
+// remembered (ms)
+// Returns 1 taken (now, or by an earlier copy of this operation), 0 not
+// enough, -1 the counter is missing (the caller rebuilds it from the
+// database and tries again).
 var takeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - keep))
+if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 1 end
 local v = redis.call('GET', KEYS[1])
 if not v then return -1 end
 if tonumber(v) >= tonumber(ARGV[1]) then
 	redis.call('DECRBY', KEYS[1], ARGV[1])
+	redis.call('ZADD', KEYS[2], now, ARGV[2])
+	redis.call('PEXPIRE', KEYS[2], keep)
 	return 1
 end
 return 0
 `)
 
-// giveBackScript returns ARGV[1] to a stock counter, only if it exists: a
-// missing counter is rebuilt from the database, never created at a value
-// that counts only the give-backs. While a rebuild holds its lock, the
-// give-back is kept aside instead, and the rebuild adds it (see
-// rebuildSetScript): the cards it returns may have been freed after the
-// rebuild counted, and would otherwise be lost until the next repair.
+// giveBackScript returns ARGV[1] to a stock counter, only if it exists,
+// once per operation id: a missing counter is rebuilt from the database,
+// never created at a value that counts only the give-backs. While a
+// rebuild holds its lock, the give-back is kept aside instead, and the
+// rebuild adds it (see rebuildSetScript): the cards it returns may have
+// been freed after the rebuild counted, and would otherwise be lost until
+// the next repair.
 //
-// KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum
-// ARGV[1] quantity
-// Returns the new value, or -1 when the counter is missing.
+// KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum,
+// KEYS[4] its operations set
+// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
+// remembered (ms)
+// Returns the new value (the current one when an earlier copy of this
+// operation gave back), or -1 when the counter is missing.
 var giveBackScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then
-	return redis.call('INCRBY', KEYS[1], ARGV[1])
+local t = redis.call('TIME')
+local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - keep))
+local done = redis.call('ZSCORE', KEYS[4], ARGV[2])
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+if done then
+	if exists then return tonumber(redis.call('GET', KEYS[1])) end
+	return -1
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+local v = -1
+if exists then
+	v = redis.call('INCRBY', KEYS[1], ARGV[1])
+elseif redis.call('EXISTS', KEYS[2]) == 1 then
 	redis.call('INCRBY', KEYS[3], ARGV[1])
 	redis.call('EXPIRE', KEYS[3], 60)
+else
+	return -1
 end
-return -1
+redis.call('ZADD', KEYS[4], now, ARGV[2])
+redis.call('PEXPIRE', KEYS[4], keep)
+return v
 `)
 
 // rebuildStartScript starts the rebuild of a product's counter: it takes the

@@ -73,7 +73,6 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 	if qty <= 0 {
 		return false, fmt.Errorf("stock take of %d", qty)
 	}
-	key := g.keys.Stock(productID)
 	if g.isDirty(productID) {
 		// A take or give-back of this process failed while Redis was away:
 		// the counter may be off. Drop it at the first take since, so it is
@@ -83,7 +82,7 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 		}
 	}
 	for attempt := 0; ; attempt++ {
-		r, err := g.take(ctx, key, qty)
+		r, err := g.take(ctx, productID, qty, randomToken())
 		if err != nil {
 			// The take may have happened with its answer lost.
 			g.markDirty(productID)
@@ -105,14 +104,24 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 // fall back from EVALSHA to EVAL on its own: a Redis that does not know
 // the script yet (new, restarted, flushed) did not run it, and it is sent
 // again alone, as Script.Run does.
-func (g *StockGate) take(ctx context.Context, key string, qty int) (int, error) {
-	keys := []string{key}
-	cmd := send(ctx, g.pipe, func(p redis.Pipeliner) *redis.Cmd { return takeScript.EvalSha(ctx, p, keys, qty) })
+//
+// op names the take: the same command, sent again by the client, takes
+// once.
+func (g *StockGate) take(ctx context.Context, productID int64, qty int, op string) (int, error) {
+	keys := []string{g.keys.Stock(productID), g.keys.StockOps(productID)}
+	args := []any{qty, op, stockOpsKeep.Milliseconds()}
+	cmd := send(ctx, g.pipe, func(p redis.Pipeliner) *redis.Cmd { return takeScript.EvalSha(ctx, p, keys, args...) })
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = takeScript.Run(ctx, g.rdb, keys, qty)
+		cmd = takeScript.Run(ctx, g.rdb, keys, args...)
 	}
 	return cmd.Int()
 }
+
+// stockOpsKeep is how long a take or give-back is remembered by its
+// operation id: longer than a client goes on resending one command, and
+// longer than a copy of it can wait in a blocked server. The operations
+// set of a product holds the operations of this window.
+const stockOpsKeep = time.Minute
 
 // GiveBack returns qty to the product's counter, if the counter exists; a
 // missing one is rebuilt from the database, which already counts the cards.
@@ -120,12 +129,19 @@ func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) erro
 	if qty <= 0 {
 		return nil
 	}
-	err := giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID), g.keys.StockRebuildLock(productID),
-		g.keys.StockRebuildPending(productID)}, qty).Err()
+	err := g.giveBack(ctx, productID, qty, randomToken())
 	if err != nil {
 		g.markDirty(productID)
 	}
 	return err
+}
+
+// giveBack runs giveBackScript as the operation op: the same command, sent
+// again by the client, gives back once.
+func (g *StockGate) giveBack(ctx context.Context, productID int64, qty int, op string) error {
+	return giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID), g.keys.StockRebuildLock(productID),
+		g.keys.StockRebuildPending(productID), g.keys.StockOps(productID)},
+		qty, op, stockOpsKeep.Milliseconds()).Err()
 }
 
 func (g *StockGate) markDirty(productID int64) {

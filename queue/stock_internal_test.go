@@ -111,9 +111,7 @@ func TestRepairLosesNoConcurrentTakeOrGiveBack(t *testing.T) {
 // error and the later products' wrong counters waited for the next sweep.
 func TestCheckGoesOnPastAFailedProduct(t *testing.T) {
 	t.Parallel()
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	m, rdb := miniClient(t)
 	ctx := context.Background()
 	keys := NewKeys("t:")
 	g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
@@ -144,4 +142,72 @@ func TestCheckGoesOnPastAFailedProduct(t *testing.T) {
 	if m.Exists(keys.Stock(7)) {
 		t.Error("product 7's counter was built while another process held its rebuild lock")
 	}
+}
+
+// TestTakeAndGiveBackCountOncePerOperation: a take or a give-back sent
+// twice (a cluster client resends a command whose answer timed out, and
+// the first copy still runs) moves the counter once; another operation of
+// the same size moves it again; a resent give-back during a rebuild is
+// kept aside once.
+func TestTakeAndGiveBackCountOncePerOperation(t *testing.T) {
+	t.Parallel()
+	m, rdb := miniClient(t)
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	g := newStockGate(rdb, keys, func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	if _, err := g.rebuild(ctx, 7, false); err != nil {
+		t.Fatal(err)
+	}
+	counter := func() int {
+		t.Helper()
+		n, ok, err := g.Counter(ctx, 7)
+		if err != nil || !ok {
+			t.Fatalf("counter: %v %v", ok, err)
+		}
+		return n
+	}
+	for range 2 {
+		if r, err := g.take(ctx, 7, 3, "order-1"); err != nil || r != 1 {
+			t.Fatalf("take of order-1: %d %v", r, err)
+		}
+	}
+	if n := counter(); n != 7 {
+		t.Fatalf("counter %d after one take of 3 sent twice, want 7", n)
+	}
+	if r, err := g.take(ctx, 7, 3, "order-2"); err != nil || r != 1 || counter() != 4 {
+		t.Fatalf("take of order-2: %d %v, counter %d, want 4", r, err, counter())
+	}
+	for range 2 {
+		if err := g.giveBack(ctx, 7, 3, "close-1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := counter(); n != 7 {
+		t.Fatalf("counter %d after one give-back of 3 sent twice, want 7", n)
+	}
+	// While a rebuild counts, a give-back sent twice is kept aside once.
+	if started, err := rebuildStartScript.Run(ctx, rdb, []string{keys.Stock(7), keys.StockRebuildLock(7), keys.StockRebuildPending(7)},
+		"tok", 10000, 1).Int(); err != nil || started != 1 {
+		t.Fatalf("rebuild start: %d %v", started, err)
+	}
+	for range 2 {
+		if err := g.giveBack(ctx, 7, 2, "close-2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, err := rdb.Get(ctx, keys.StockRebuildPending(7)).Int(); err != nil || v != 2 {
+		t.Fatalf("kept aside %d %v during the rebuild, want 2", v, err)
+	}
+	// The record of operations does not outlive its window.
+	if ttl := m.TTL(keys.StockOps(7)); ttl <= 0 || ttl > stockOpsKeep {
+		t.Fatalf("operations set TTL %s, want within %s", ttl, stockOpsKeep)
+	}
+}
+
+// miniClient is an in-process Redis of the test's own and a client to it.
+func miniClient(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return m, rdb
 }

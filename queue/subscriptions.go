@@ -182,7 +182,7 @@ func (h *hub) orderNos() []string {
 
 // run keeps the pattern subscription: it subscribes, feeds the messages to
 // the subscribers, and when the connection breaks or goes silent it makes a
-// new one, waiting longer after each failure (up to 5s).
+// new one, waiting longer after each failure (up to a second).
 func (h *hub) run(ctx context.Context) {
 	pattern := h.e.keys.OrderChannelPattern()
 	wait := 100 * time.Millisecond
@@ -200,11 +200,16 @@ func (h *hub) run(ctx context.Context) {
 		}
 		ps.Close()
 		h.setUp(false)
+		if c, ok := h.e.rdb.(*redis.ClusterClient); ok {
+			// The node of the subscription may have failed over: the
+			// next PSUBSCRIBE goes where the layout says, so look again.
+			c.ReloadState(ctx)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 5*time.Second)
+		wait = min(2*wait, time.Second)
 	}
 }
 
@@ -261,7 +266,11 @@ func (h *hub) setUp(up bool) {
 
 // catchUpLoop sends every subscriber its order's status from the database
 // when kicked, and every PollInterval while the subscription is down, every
-// ResyncInterval while it is up.
+// ResyncInterval while it is up. On a Redis Cluster it also catches up
+// once the process's commands stopped failing as a failover makes them
+// fail: an event published during the failover may never have reached
+// this process's subscription, though the subscription itself held (a
+// PUBLISH to the master that died, or lost on its way between nodes).
 func (h *hub) catchUpLoop(ctx context.Context) {
 	poll, resync := h.e.PollInterval, h.e.ResyncInterval
 	if poll <= 0 {
@@ -272,12 +281,31 @@ func (h *hub) catchUpLoop(ctx context.Context) {
 	}
 	timer := time.NewTimer(poll) // not up yet
 	defer timer.Stop()
+	var settle <-chan time.Time
+	if _, cluster := h.e.rdb.(*redis.ClusterClient); cluster {
+		t := time.NewTicker(failoverSettle)
+		defer t.Stop()
+		settle = t.C
+	}
+	seen, failing := failuresOf(h.e.rdb), false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-h.kick:
 		case <-timer.C:
+		case <-settle:
+			// Caught up after a tick without new failures: the
+			// cluster answers again.
+			n := failuresOf(h.e.rdb)
+			if n != seen {
+				seen, failing = n, true
+				continue
+			}
+			if !failing {
+				continue
+			}
+			failing = false
 		}
 		h.catchUp(ctx)
 		next := resync
@@ -287,6 +315,10 @@ func (h *hub) catchUpLoop(ctx context.Context) {
 		timer.Reset(next)
 	}
 }
+
+// failoverSettle is how often a hub on a Redis Cluster looks whether its
+// process's commands failed since it last looked.
+const failoverSettle = time.Second
 
 func (h *hub) catchUp(ctx context.Context) {
 	nos := h.orderNos()

@@ -32,7 +32,11 @@ type Config struct {
 	// into batches, at the price of this much more due-to-closed lag;
 	// default 50ms.
 	CloseGather time.Duration
-	MaxBackoff  time.Duration // longest pause after Redis or database errors; default 5s
+	// MaxBackoff is the longest pause after Redis or database errors;
+	// default 1s: the pause still to run when Redis is back (a failover
+	// finished, a restart) is how late the closes resume, and one claim a
+	// second from each process costs a Redis that is away nothing.
+	MaxBackoff time.Duration
 	// Now is the clock claims, leases and due times are judged by; default
 	// the ledger's DBTime (the database's clock as this process knows it),
 	// kept in step by SyncClock at start and at every lease recovery, so
@@ -63,7 +67,7 @@ func (c Config) withDefaults(l *domain.Ledger) Config {
 	defD(&c.SweepEvery, time.Minute)
 	defD(&c.WakeCap, 200*time.Millisecond)
 	defD(&c.CloseGather, 50*time.Millisecond)
-	defD(&c.MaxBackoff, 5*time.Second)
+	defD(&c.MaxBackoff, time.Second)
 	if c.Now == nil {
 		c.Now = l.DBTime
 	}

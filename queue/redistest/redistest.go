@@ -29,6 +29,8 @@ type Kind string
 const (
 	Mini Kind = "miniredis"
 	Real Kind = "redis"
+	// RealCluster is a Redis Cluster of the test's own (StartCluster).
+	RealCluster Kind = "cluster"
 )
 
 // URL is the real Redis to test against.
@@ -45,8 +47,11 @@ type Server struct {
 	// URL is a redis:// URL other processes can connect with.
 	URL string
 	// Mini is the in-process server (nil for the real one).
-	Mini   *miniredis.Miniredis
-	Client redis.UniversalClient
+	Mini *miniredis.Miniredis
+	// Cluster is the test's own cluster (nil for the other kinds); its URL
+	// is the node list kami takes for a cluster.
+	Cluster *Cluster
+	Client  redis.UniversalClient
 }
 
 // Each runs fn once per Redis kind as a parallel subtest.
@@ -78,6 +83,8 @@ func Open(t testing.TB, k Kind) *Server {
 		s := &Server{Kind: Real, URL: patient(real(t))}
 		s.Client = s.NewClient(t)
 		return s
+	case RealCluster:
+		return StartCluster(t).Server(t)
 	}
 	t.Fatalf("unknown Redis kind %q", k)
 	return nil
@@ -139,6 +146,9 @@ func patient(u string) string {
 // closed when the test ends.
 func (s *Server) NewClient(t testing.TB) redis.UniversalClient {
 	t.Helper()
+	if s.Cluster != nil {
+		return s.Cluster.NewClient(t)
+	}
 	opts, err := redis.ParseURL(s.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +187,16 @@ func (s *Server) Wipe(t testing.TB, prefix string) {
 	t.Helper()
 	if s.Mini != nil {
 		s.Mini.FlushAll()
+		return
+	}
+	if s.Cluster != nil {
+		// The test's own: nobody else's keys to keep.
+		err := s.Client.(*redis.ClusterClient).ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+			return c.FlushAll(ctx).Err()
+		})
+		if err != nil {
+			t.Fatalf("wipe the cluster: %v", err)
+		}
 		return
 	}
 	if err := s.deletePrefix(context.Background(), prefix); err != nil {

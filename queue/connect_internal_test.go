@@ -1,0 +1,54 @@
+package queue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"kami/domain/domaintest"
+	"kami/queue/redistest"
+)
+
+// TestClusterClientFindsTheNewMasterAfterAFailure: the master holding a key
+// is killed and its replica takes over; the first command that fails on the
+// dead master makes kami's cluster client look at the layout again, so
+// the key is served by the new master without waiting for the periodic
+// reload (turned off here: an hour). Before, go-redis looked again only on
+// a MOVED, which a dead master cannot answer, or after a minute.
+func TestClusterClientFindsTheNewMasterAfterAFailure(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	defer func(d time.Duration) { clusterReloadEvery = d }(clusterReloadEvery)
+	clusterReloadEvery = time.Hour
+	c := redistest.StartCluster(t)
+	rdb, closeRedis, err := Connect(context.Background(), c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeRedis()
+	ctx := context.Background()
+	const key = "{failover}"
+	if err := rdb.Set(ctx, key, 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	old := c.MasterOf(key)
+	old.Stop()
+	c.WaitOK()
+	fresh := c.MasterOf(key)
+	failures := 0
+	domaintest.Eventually(t, 0, "the key served by its new master", func() bool {
+		if err := rdb.Get(ctx, key).Err(); err != nil && err != redis.Nil {
+			failures++
+			return false
+		}
+		return true
+	})
+	m, err := rdb.(*redis.ClusterClient).MasterForKey(ctx, key)
+	if err != nil || m.Options().Addr != fresh.Addr {
+		t.Fatalf("the client's master of the key: %v %v, want %s", m, err, fresh.Addr)
+	}
+	t.Logf("%d commands failed after the cluster was ok again", failures)
+}
