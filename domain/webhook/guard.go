@@ -310,19 +310,26 @@ func (g Guard) control(ctx context.Context, _, address string, _ syscall.RawConn
 	return g.check(ctx, address, []netip.Addr{ap.Addr()}, ap.Port())
 }
 
+// maxAnswerHeader bounds the headers a receiver's answer may have: kami
+// reads only the status and a snippet of the body, and each attempt would
+// otherwise hold up to http.Transport's default of 10 MiB.
+const maxAnswerHeader = 64 << 10
+
 // Client is the HTTP client deliveries are sent with: every dial is
 // checked by the guard, no proxy (a proxy would dial for it), no
-// redirects (a 3xx is an answer, not a delivery), timeout per request.
+// redirects (a 3xx is an answer, not a delivery), timeout per request,
+// answers' headers bounded.
 func (g Guard) Client(timeout time.Duration) *http.Client {
 	d := &net.Dialer{Timeout: timeout, Resolver: g.Resolver, ControlContext: g.control}
 	return &http.Client{
 		Timeout: timeout,
 		Transport: &http.Transport{
-			Proxy:               nil,
-			DialContext:         d.DialContext,
-			TLSHandshakeTimeout: timeout,
-			MaxIdleConnsPerHost: 4,
-			IdleConnTimeout:     90 * time.Second,
+			Proxy:                  nil,
+			DialContext:            d.DialContext,
+			TLSHandshakeTimeout:    timeout,
+			MaxResponseHeaderBytes: maxAnswerHeader,
+			MaxIdleConnsPerHost:    4,
+			IdleConnTimeout:        90 * time.Second,
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}

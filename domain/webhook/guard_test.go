@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,5 +186,32 @@ func TestGuardNeverKamiItself(t *testing.T) {
 	}
 	if err := pub.CheckURL(ctx, "http://93.184.215.14/"); err != nil {
 		t.Errorf("kami's host on another port refused: %v", err)
+	}
+}
+
+// TestGuardClientLimitsHeaders: a receiver answering with megabytes of
+// headers gets an error, not kami's memory; ordinary headers pass.
+func TestGuardClientLimitsHeaders(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("kib"))
+		for i := range n {
+			w.Header().Set("X-Pad-"+strconv.Itoa(i), strings.Repeat("a", 1024))
+		}
+	}))
+	defer srv.Close()
+	c := webhook.Guard{AllowPrivate: true}.Client(5 * time.Second)
+	resp, err := c.Post(srv.URL+"/?kib=32", "application/json", nil)
+	if err != nil {
+		t.Fatalf("32 KiB of headers: %v", err)
+	}
+	resp.Body.Close()
+	resp, err = c.Post(srv.URL+"/?kib=1024", "application/json", nil)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("1 MiB of response headers was read")
+	}
+	if !strings.Contains(err.Error(), "headers exceeded") {
+		t.Fatalf("1 MiB of response headers: %v, want them refused for their size", err)
 	}
 }
