@@ -495,7 +495,7 @@ func (c *Config) returnLink(orderNo string) string {
 // waits doubling from KAMI_WEBHOOK_BACKOFF (default 30s) to at most 6h,
 // before it is FAILED and alerted; KAMI_WEBHOOK_ALLOW_PRIVATE=1 lets
 // endpoints point at loopback, link-local and private addresses (never at
-// KAMI_PUBLIC_URL).
+// kami itself: KAMI_PUBLIC_URL, KAMI_ADDR, KAMI_PPROF_ADDR).
 func loadWebhookConfig(c *Config, getenv func(string) string) error {
 	var errs []error
 	bad := func(name, want string) { errs = append(errs, fmt.Errorf("%s: %s", name, want)) }
@@ -514,5 +514,9 @@ func loadWebhookConfig(c *Config, getenv func(string) string) error {
 		bad("KAMI_WEBHOOK_ALLOW_PRIVATE", "want 1 (on) or 0 (off)")
 	}
 	w.Guard.Self = c.PublicURL
+	w.Guard.Listen = []string{c.Addr}
+	if pprof := strings.TrimSpace(getenv("KAMI_PPROF_ADDR")); pprof != "" {
+		w.Guard.Listen = append(w.Guard.Listen, pprof)
+	}
 	return errors.Join(errs...)
 }
