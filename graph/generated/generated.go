@@ -2677,7 +2677,7 @@ extend type Query {
 extend type Mutation {
   """
   Mail a PAID order's codes to its buyer again: a new mail with its own
-  Message-ID, recorded as a reveal (channel MAIL) when it is sent. CONFLICT
+  Message-ID, recorded as a reveal (channel MAIL) at each attempt. CONFLICT
   when the order is not PAID or its contact is not an email address;
   UNAVAILABLE when mail is off.
   """
