@@ -77,7 +77,10 @@ type WebhookDelivery struct {
 	EndpointID int64          `bun:"endpoint_id"`
 	Status     DeliveryStatus `bun:"status"`
 	// Attempts counts the attempts of this round (a resend starts a new one).
-	Attempts      int       `bun:"attempts"`
+	Attempts int `bun:"attempts"`
+	// Resends counts the rounds a resend started; it only goes up. An
+	// attempt is taken and recorded under (Resends, Attempts).
+	Resends       int       `bun:"resends"`
 	NextAttemptAt time.Time `bun:"next_attempt_at,nullzero"`
 	LastAttemptAt time.Time `bun:"last_attempt_at,nullzero"`
 	LastStatus    int       `bun:"last_status"`     // the HTTP status of the last answer; 0: none
@@ -437,7 +440,7 @@ func (h *Webhooks) Redeliver(ctx context.Context, eventID, endpointID int64, act
 			switch {
 			case err == nil:
 				if _, err := apply(ctx, tx, DeliveryResend, now, func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("id = ?", d.ID) },
-					col("attempts = 0"), col("next_attempt_at = ?", due), col("delivered_at = NULL")); err != nil {
+					col("resends = resends + 1"), col("attempts = 0"), col("next_attempt_at = ?", due), col("delivered_at = NULL")); err != nil {
 					return err
 				}
 			case errors.Is(err, sql.ErrNoRows):
@@ -625,7 +628,7 @@ func (h *Webhooks) Deliver(ctx context.Context, id int64) (*WebhookDelivery, err
 		return nil, err
 	}
 	if !e.Enabled || !e.DeletedAt.IsZero() {
-		if _, err := apply(ctx, l.db, DeliveryCancel, l.now(), whereAttempt(d.ID, d.Attempts)); err != nil {
+		if _, err := apply(ctx, l.db, DeliveryCancel, l.now(), whereAttempt(d, d.Attempts)); err != nil {
 			return nil, err
 		}
 		h.observe(OutcomeCancelled, 0)
@@ -636,7 +639,7 @@ func (h *Webhooks) Deliver(ctx context.Context, id int64) (*WebhookDelivery, err
 	// once the attempt's time is up).
 	attempt := d.Attempts + 1
 	n, err := apply(ctx, l.db, DeliveryAttempt, l.now(), func(q *bun.UpdateQuery) *bun.UpdateQuery {
-		return whereAttempt(d.ID, d.Attempts)(q).Where("next_attempt_at <= ?", due)
+		return whereAttempt(d, d.Attempts)(q).Where("next_attempt_at <= ?", due)
 	}, col("attempts = ?", attempt), col("last_attempt_at = ?", l.now()), col("next_attempt_at = ?", due.Add(2*h.Config.Timeout+time.Minute)))
 	if err != nil {
 		return nil, err
@@ -656,9 +659,12 @@ func (h *Webhooks) delivery(ctx context.Context, id int64) (*WebhookDelivery, er
 	return &d, nil
 }
 
-func whereAttempt(id int64, attempts int) func(*bun.UpdateQuery) *bun.UpdateQuery {
+// whereAttempt keys an update on d's round (as it was read) and attempts:
+// the round keeps a worker whose attempt outlived a resend from matching
+// the new round's attempt of the same number.
+func whereAttempt(d *WebhookDelivery, attempts int) func(*bun.UpdateQuery) *bun.UpdateQuery {
 	return func(q *bun.UpdateQuery) *bun.UpdateQuery {
-		return q.Where("id = ?", id).Where("attempts = ?", attempts)
+		return q.Where("id = ?", d.ID).Where("resends = ?", d.Resends).Where("attempts = ?", attempts)
 	}
 }
 
@@ -791,8 +797,8 @@ func (h *Webhooks) withCodes(ctx context.Context, ev Event, e *WebhookEndpoint) 
 	return data, true, err
 }
 
-// record writes what attempt came to, guarded by the attempt it took: a
-// resend that started a new round meanwhile is left alone.
+// record writes what attempt came to, guarded by the round and attempt it
+// took: a resend that started a new round meanwhile is left alone.
 func (h *Webhooks) record(ctx context.Context, d *WebhookDelivery, e *WebhookEndpoint, attempt, status int, latency time.Duration, snippet string, sendErr error) (*WebhookDelivery, error) {
 	l := h.Ledger
 	now := l.now()
@@ -802,11 +808,11 @@ func (h *Webhooks) record(ctx context.Context, d *WebhookDelivery, e *WebhookEnd
 	var err error
 	switch {
 	case sendErr == nil && status >= 200 && status < 300:
-		_, err = apply(ctx, l.db, DeliveryDeliver, now, whereAttempt(d.ID, attempt), append(cols, col("delivered_at = ?", now), col("next_attempt_at = NULL"))...)
+		_, err = apply(ctx, l.db, DeliveryDeliver, now, whereAttempt(d, attempt), append(cols, col("delivered_at = ?", now), col("next_attempt_at = NULL"))...)
 	case attempt >= h.Config.MaxAttempts():
 		outcome = OutcomeFailed
 		var n int64
-		n, err = apply(ctx, l.db, DeliveryGiveUp, now, whereAttempt(d.ID, attempt), append(cols, col("next_attempt_at = NULL"))...)
+		n, err = apply(ctx, l.db, DeliveryGiveUp, now, whereAttempt(d, attempt), append(cols, col("next_attempt_at = NULL"))...)
 		if err == nil && n == 1 {
 			h.Alerts.Alert(ctx, Alert{Kind: "webhook_failed", Subject: fmt.Sprintf("endpoint %d", e.ID),
 				Message: fmt.Sprintf("event %d was not delivered to %s after %d attempts: %s; send it again with redeliverWebhookEvent",
@@ -814,7 +820,7 @@ func (h *Webhooks) record(ctx context.Context, d *WebhookDelivery, e *WebhookEnd
 		}
 	default:
 		outcome = OutcomeRetry
-		_, err = apply(ctx, l.db, DeliveryAttempt, now, whereAttempt(d.ID, attempt),
+		_, err = apply(ctx, l.db, DeliveryAttempt, now, whereAttempt(d, attempt),
 			append(cols, col("next_attempt_at = ?", l.DBTime().Add(h.Config.backoff(attempt))))...)
 	}
 	if err != nil {

@@ -133,3 +133,68 @@ func TestWebhookFailedAlertRedactsURL(t *testing.T) {
 		}
 	})
 }
+
+// TestWebhookStaleAttemptAfterResend: a worker whose attempt outlived its
+// time, while the delivery was cancelled, sent again and attempted anew
+// (the new round's attempt has the same number), reports last: its
+// answer does not overwrite the new round's record.
+func TestWebhookStaleAttemptAfterResend(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		h := b.hooks(domain.WebhookConfig{})
+		r := newReceiver(t, 200, 500) // the stale attempt is answered 200, the new round's 500
+		hold := make(chan struct{})
+		r.hold = hold
+		e, _ := b.endpoint(t, h, r.srv.URL, false, domain.EventOrderPaid)
+		p := b.product(t, 500, 1)
+		b.pay(t, b.order(t, p, 1).Order, "T1", "N1")
+		ds := fanOut(t, b, h)
+		stale := make(chan error, 1)
+		go func() {
+			_, err := h.Deliver(b.ctx, ds[0].ID)
+			stale <- err
+		}()
+		waitFor(t, "the first attempt reaches the receiver", func() bool { return len(r.requests()) == 1 })
+		r.mu.Lock()
+		r.hold = nil
+		r.mu.Unlock()
+
+		// Its time is up; the endpoint is disabled (the delivery is
+		// cancelled), enabled again, and the event sent again.
+		b.clock.Advance(time.Hour)
+		no, yes := false, true
+		if _, err := h.UpdateEndpoint(b.ctx, e.ID, domain.WebhookEndpointInput{Enabled: &no}, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := h.Deliver(b.ctx, ds[0].ID); err != nil || d.Status != domain.DeliveryCancelled {
+			t.Fatalf("Deliver to a disabled endpoint: %+v, %v", d, err)
+		}
+		if _, err := h.UpdateEndpoint(b.ctx, e.ID, domain.WebhookEndpointInput{Enabled: &yes}, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		var evID int64
+		if err := db.NewSelect().Table("webhook_delivery").Column("event_id").Where("id = ?", ds[0].ID).Scan(b.ctx, &evID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.Redeliver(b.ctx, evID, e.ID, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		d, err := h.Deliver(b.ctx, ds[0].ID)
+		if err != nil || d.Status != domain.DeliveryPending || d.Attempts != 1 || d.LastStatus != 500 {
+			t.Fatalf("the new round's first attempt: %+v, %v", d, err)
+		}
+
+		close(hold)
+		if err := <-stale; err != nil {
+			t.Fatal(err)
+		}
+		var after domain.WebhookDelivery
+		if err := db.NewSelect().Model(&after).Where("id = ?", ds[0].ID).Scan(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if after.Status != domain.DeliveryPending || after.Attempts != 1 || after.LastStatus != 500 || !after.NextAttemptAt.Equal(d.NextAttemptAt) {
+			t.Fatalf("the stale attempt overwrote the new round: %+v", after)
+		}
+	})
+}
