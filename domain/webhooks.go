@@ -244,8 +244,7 @@ func (h *Webhooks) check(ctx context.Context, e *WebhookEndpoint, in WebhookEndp
 	if in.ReceivesCodes != nil {
 		e.ReceivesCodes = *in.ReceivesCodes
 	}
-	if u, err := url.Parse(e.URL); e.ReceivesCodes && (err != nil || u.Scheme != "https") {
-		// Card codes never cross the network in the clear.
+	if e.ReceivesCodes && !secureURL(e.URL) {
 		return Errorf(EBADINPUT, "an endpoint that receives codes needs an https URL")
 	}
 	return nil
@@ -779,8 +778,13 @@ func (h *Webhooks) withCodes(ctx context.Context, ev Event, e *WebhookEndpoint) 
 	if err != nil {
 		return nil, false, err
 	}
-	if order.Status != OrderPaid || order.DeliveredAt.IsZero() {
+	switch {
+	case order.Status != OrderPaid || order.DeliveredAt.IsZero():
 		o.CodesWithheld = "order is " + string(order.Status)
+	case !secureURL(e.URL):
+		o.CodesWithheld = "the endpoint's URL is not https" // an endpoint stored before the rule
+	}
+	if o.CodesWithheld != "" {
 		data, err := json.Marshal(o)
 		return data, false, err
 	}
@@ -854,6 +858,13 @@ func errText(err error, status int) string {
 		return "HTTP " + strconv.Itoa(status)
 	}
 	return ""
+}
+
+// secureURL reports whether raw is an https URL: card codes never cross
+// the network in the clear.
+func secureURL(raw string) bool {
+	u, err := url.Parse(raw)
+	return err == nil && u.Scheme == "https"
 }
 
 // redactURL is an endpoint's URL to name it in an alert: without the

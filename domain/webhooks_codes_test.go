@@ -110,7 +110,7 @@ func TestWebhookSnippetNotKeptWithCodes(t *testing.T) {
 
 // TestWebhookCodesNeedHTTPS: an endpoint cannot be marked to receive
 // codes with an http URL, neither at creation nor by an update of either
-// field.
+// field; one stored so anyway gets no codes.
 func TestWebhookCodesNeedHTTPS(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
@@ -128,6 +128,36 @@ func TestWebhookCodesNeedHTTPS(t *testing.T) {
 		wantCode(t, err, domain.EBADINPUT)
 		if e, err := h.Endpoint(b.ctx, secure.ID); err != nil || e.URL != tlsURL || !e.ReceivesCodes {
 			t.Fatalf("after the refused update: %+v, %v", e, err)
+		}
+
+		// An endpoint stored with codes over http before the rule (written
+		// here directly) is sent the event without them.
+		r := newReceiver(t, 200)
+		old, _ := b.endpoint(t, h, r.srv.URL, false, paid...)
+		if _, err := db.NewUpdate().Table("webhook_endpoint").Set("receives_codes = ?", true).Where("id = ?", old.ID).Exec(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.DeleteEndpoint(b.ctx, secure.ID, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.DeleteEndpoint(b.ctx, plain.ID, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		p := b.product(t, 500, 1)
+		o := b.order(t, p, 1).Order
+		b.pay(t, o, "T1", "N1")
+		for _, d := range fanOut(t, b, h) {
+			if _, err := h.Deliver(b.ctx, d.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var msg struct{ Data domain.OrderObject }
+		if reqs := r.requests(); len(reqs) != 1 || json.Unmarshal(reqs[0].body, &msg) != nil || len(msg.Data.Cards) != 0 ||
+			!strings.Contains(msg.Data.CodesWithheld, "not https") {
+			t.Fatalf("deliveries to the http endpoint: %+v", reqs)
+		}
+		if page, err := b.ledger.ListReveals(b.ctx, o.OrderNo, 0, 0, 10); err != nil || len(page.Reveals) != 0 {
+			t.Fatalf("reveals: %+v, %v", page, err)
 		}
 	})
 }
