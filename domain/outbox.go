@@ -94,6 +94,9 @@ type OrderObject struct {
 	// Cards is set only at delivery, for an endpoint marked to receive
 	// codes; never in the outbox.
 	Cards []string `json:"cards,omitempty"`
+	// CodesWithheld says why an endpoint marked to receive codes got
+	// none: the order is no longer PAID ("order is REFUNDED").
+	CodesWithheld string `json:"codesWithheld,omitempty"`
 }
 
 func orderObject(o *Order) OrderObject {

@@ -77,7 +77,10 @@ type WebhookDelivery struct {
 	EndpointID int64          `bun:"endpoint_id"`
 	Status     DeliveryStatus `bun:"status"`
 	// Attempts counts the attempts of this round (a resend starts a new one).
-	Attempts      int       `bun:"attempts"`
+	Attempts int `bun:"attempts"`
+	// Resends counts the rounds a resend started; it only goes up. An
+	// attempt is taken and recorded under (Resends, Attempts).
+	Resends       int       `bun:"resends"`
 	NextAttemptAt time.Time `bun:"next_attempt_at,nullzero"`
 	LastAttemptAt time.Time `bun:"last_attempt_at,nullzero"`
 	LastStatus    int       `bun:"last_status"`     // the HTTP status of the last answer; 0: none
@@ -215,6 +218,9 @@ func (h *Webhooks) check(ctx context.Context, e *WebhookEndpoint, in WebhookEndp
 		if len(*in.Description) > 255 {
 			return Errorf(EBADINPUT, "a description has at most 255 bytes")
 		}
+		if err := checkBuyerText("a description", *in.Description); err != nil {
+			return err
+		}
 		e.Description = *in.Description
 	}
 	if in.Events != nil {
@@ -237,6 +243,9 @@ func (h *Webhooks) check(ctx context.Context, e *WebhookEndpoint, in WebhookEndp
 	}
 	if in.ReceivesCodes != nil {
 		e.ReceivesCodes = *in.ReceivesCodes
+	}
+	if e.ReceivesCodes && !secureURL(e.URL) {
+		return Errorf(EBADINPUT, "an endpoint that receives codes needs an https URL")
 	}
 	return nil
 }
@@ -271,7 +280,12 @@ func (h *Webhooks) CreateEndpoint(ctx context.Context, in WebhookEndpointInput, 
 // UpdateEndpoint changes an endpoint. NOT_FOUND, BAD_INPUT.
 func (h *Webhooks) UpdateEndpoint(ctx context.Context, id int64, in WebhookEndpointInput, actor string) (*WebhookEndpoint, error) {
 	return h.changeEndpoint(ctx, id, actor, "webhook.update", func(e *WebhookEndpoint, now time.Time) (string, error) {
-		return "", h.check(ctx, e, in)
+		old := *e
+		if err := h.check(ctx, e, in); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("url %s -> %s; events %s -> %s; receivesCodes %t -> %t; enabled %t -> %t",
+			old.URL, e.URL, old.Events, e.Events, old.ReceivesCodes, e.ReceivesCodes, old.Enabled, e.Enabled), nil
 	})
 }
 
@@ -281,7 +295,9 @@ func (h *Webhooks) RotateSecret(ctx context.Context, id int64, actor string) (*W
 	var secret string
 	e, err := h.changeEndpoint(ctx, id, actor, "webhook.rotate", func(e *WebhookEndpoint, now time.Time) (string, error) {
 		secret = newWebhookSecret()
-		e.PrevSecretEnc, e.PrevSecretUntil = e.SecretEnc, now.Add(h.Config.RotationGrace)
+		// The grace is judged by the database's clock, the one every
+		// process shares (secrets, PreviousSecretUntil).
+		e.PrevSecretEnc, e.PrevSecretUntil = e.SecretEnc, h.Ledger.DBTime().Add(h.Config.RotationGrace)
 		e.SecretEnc = h.Ledger.sealer.SealWebhookSecret(secret)
 		return "", nil
 	})
@@ -423,7 +439,7 @@ func (h *Webhooks) Redeliver(ctx context.Context, eventID, endpointID int64, act
 			switch {
 			case err == nil:
 				if _, err := apply(ctx, tx, DeliveryResend, now, func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("id = ?", d.ID) },
-					col("attempts = 0"), col("next_attempt_at = ?", due), col("delivered_at = NULL")); err != nil {
+					col("resends = resends + 1"), col("attempts = 0"), col("next_attempt_at = ?", due), col("delivered_at = NULL")); err != nil {
 					return err
 				}
 			case errors.Is(err, sql.ErrNoRows):
@@ -611,7 +627,7 @@ func (h *Webhooks) Deliver(ctx context.Context, id int64) (*WebhookDelivery, err
 		return nil, err
 	}
 	if !e.Enabled || !e.DeletedAt.IsZero() {
-		if _, err := apply(ctx, l.db, DeliveryCancel, l.now(), whereAttempt(d.ID, d.Attempts)); err != nil {
+		if _, err := apply(ctx, l.db, DeliveryCancel, l.now(), whereAttempt(d, d.Attempts)); err != nil {
 			return nil, err
 		}
 		h.observe(OutcomeCancelled, 0)
@@ -622,7 +638,7 @@ func (h *Webhooks) Deliver(ctx context.Context, id int64) (*WebhookDelivery, err
 	// once the attempt's time is up).
 	attempt := d.Attempts + 1
 	n, err := apply(ctx, l.db, DeliveryAttempt, l.now(), func(q *bun.UpdateQuery) *bun.UpdateQuery {
-		return whereAttempt(d.ID, d.Attempts)(q).Where("next_attempt_at <= ?", due)
+		return whereAttempt(d, d.Attempts)(q).Where("next_attempt_at <= ?", due)
 	}, col("attempts = ?", attempt), col("last_attempt_at = ?", l.now()), col("next_attempt_at = ?", due.Add(2*h.Config.Timeout+time.Minute)))
 	if err != nil {
 		return nil, err
@@ -642,9 +658,12 @@ func (h *Webhooks) delivery(ctx context.Context, id int64) (*WebhookDelivery, er
 	return &d, nil
 }
 
-func whereAttempt(id int64, attempts int) func(*bun.UpdateQuery) *bun.UpdateQuery {
+// whereAttempt keys an update on d's round (as it was read) and attempts:
+// the round keeps a worker whose attempt outlived a resend from matching
+// the new round's attempt of the same number.
+func whereAttempt(d *WebhookDelivery, attempts int) func(*bun.UpdateQuery) *bun.UpdateQuery {
 	return func(q *bun.UpdateQuery) *bun.UpdateQuery {
-		return q.Where("id = ?", id).Where("attempts = ?", attempts)
+		return q.Where("id = ?", d.ID).Where("resends = ?", d.Resends).Where("attempts = ?", attempts)
 	}
 }
 
@@ -665,9 +684,9 @@ func (h *Webhooks) send(ctx context.Context, d *WebhookDelivery, e *WebhookEndpo
 	if err := l.db.NewSelect().Model(&ev).Where("id = ?", d.EventID).Scan(ctx); err != nil {
 		return 0, 0, "", fmt.Errorf("reading the event: %w", err)
 	}
-	data := json.RawMessage(ev.Payload)
+	data, carried := json.RawMessage(ev.Payload), false
 	if e.ReceivesCodes && ev.Type == EventOrderPaid {
-		if data, err = h.withCodes(ctx, ev, e); err != nil {
+		if data, carried, err = h.withCodes(ctx, ev, e); err != nil {
 			return 0, 0, "", err
 		}
 	}
@@ -698,8 +717,16 @@ func (h *Webhooks) send(ctx context.Context, d *WebhookDelivery, e *WebhookEndpo
 	defer resp.Body.Close()
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, maxSnippet))
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection can be reused
-	return resp.StatusCode, time.Since(start), validUTF8(head), nil
+	if carried {
+		// A receiver may echo the request, codes included: what it
+		// answered is not kept, where every admin would read it.
+		return resp.StatusCode, time.Since(start), snippetWithheld, nil
+	}
+	return resp.StatusCode, time.Since(start), StoredText(string(head), maxSnippet), nil
 }
+
+// snippetWithheld stands for the answer to a delivery that carried codes.
+const snippetWithheld = "(not kept: this delivery carried card codes)"
 
 // secrets are the endpoint's signing secrets: the current one, and the
 // one before a rotation while it is still valid.
@@ -710,7 +737,7 @@ func (h *Webhooks) secrets(e *WebhookEndpoint) ([]string, error) {
 		return nil, err
 	}
 	out := []string{cur}
-	if len(e.PrevSecretEnc) > 0 && e.PrevSecretUntil.After(h.Ledger.now()) {
+	if _, ok := h.PreviousSecretUntil(e); ok {
 		prev, err := s.OpenWebhookSecret(e.PrevSecretEnc)
 		if err != nil {
 			return nil, err
@@ -718,6 +745,15 @@ func (h *Webhooks) secrets(e *WebhookEndpoint) ([]string, error) {
 		out = append(out, prev)
 	}
 	return out, nil
+}
+
+// PreviousSecretUntil is until when e's rotated-out secret still signs,
+// and whether it still does, by the database's clock.
+func (h *Webhooks) PreviousSecretUntil(e *WebhookEndpoint) (time.Time, bool) {
+	if len(e.PrevSecretEnc) == 0 || !e.PrevSecretUntil.After(h.Ledger.DBTime()) {
+		return time.Time{}, false
+	}
+	return e.PrevSecretUntil, true
 }
 
 // RevealWebhook: an order's codes posted to a webhook endpoint marked to
@@ -728,53 +764,67 @@ const RevealWebhook RevealChannel = "WEBHOOK"
 const ViewerEndpoint RevealViewer = "ENDPOINT"
 
 // withCodes is an order.paid payload with the order's codes, recorded as
-// a reveal to the endpoint first.
-func (h *Webhooks) withCodes(ctx context.Context, ev Event, e *WebhookEndpoint) (json.RawMessage, error) {
+// a reveal to the endpoint first, and true. An order that is no longer
+// PAID and delivered (refunded since, or being refunded: a retry or a
+// redelivery can come days later) gets no codes: its payload says why in
+// CodesWithheld, no reveal is recorded, and it returns false.
+func (h *Webhooks) withCodes(ctx context.Context, ev Event, e *WebhookEndpoint) (json.RawMessage, bool, error) {
 	l := h.Ledger
 	var o OrderObject
 	if err := json.Unmarshal([]byte(ev.Payload), &o); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	order, err := l.Order(ctx, o.OrderNo)
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	switch {
+	case order.Status != OrderPaid || order.DeliveredAt.IsZero():
+		o.CodesWithheld = "order is " + string(order.Status)
+	case !secureURL(e.URL):
+		o.CodesWithheld = "the endpoint's URL is not https" // an endpoint stored before the rule
+	}
+	if o.CodesWithheld != "" {
+		data, err := json.Marshal(o)
+		return data, false, err
 	}
 	codes, err := l.DeliveredCodes(ctx, order)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := l.RecordReveals(ctx, Reveal{Channel: RevealWebhook, Viewer: ViewerEndpoint, Actor: "webhook:" + strconv.FormatInt(e.ID, 10),
 		OrderNo: o.OrderNo, Codes: len(codes), Ref: "event:" + strconv.FormatInt(ev.ID, 10)}); err != nil {
-		return nil, fmt.Errorf("recording the reveal: %w", err)
+		return nil, false, fmt.Errorf("recording the reveal: %w", err)
 	}
 	o.Cards = codes
-	return json.Marshal(o)
+	data, err := json.Marshal(o)
+	return data, true, err
 }
 
-// record writes what attempt came to, guarded by the attempt it took: a
-// resend that started a new round meanwhile is left alone.
+// record writes what attempt came to, guarded by the round and attempt it
+// took: a resend that started a new round meanwhile is left alone.
 func (h *Webhooks) record(ctx context.Context, d *WebhookDelivery, e *WebhookEndpoint, attempt, status int, latency time.Duration, snippet string, sendErr error) (*WebhookDelivery, error) {
 	l := h.Ledger
 	now := l.now()
 	cols := []column{col("last_status = ?", status), col("last_latency_ms = ?", int(latency/time.Millisecond)),
-		col("response_snippet = ?", snippet), col("last_error = ?", truncate(errText(sendErr, status), 255))}
+		col("response_snippet = ?", snippet), col("last_error = ?", StoredText(errText(sendErr, status), 255))}
 	outcome := OutcomeDelivered
 	var err error
 	switch {
 	case sendErr == nil && status >= 200 && status < 300:
-		_, err = apply(ctx, l.db, DeliveryDeliver, now, whereAttempt(d.ID, attempt), append(cols, col("delivered_at = ?", now), col("next_attempt_at = NULL"))...)
+		_, err = apply(ctx, l.db, DeliveryDeliver, now, whereAttempt(d, attempt), append(cols, col("delivered_at = ?", now), col("next_attempt_at = NULL"))...)
 	case attempt >= h.Config.MaxAttempts():
 		outcome = OutcomeFailed
 		var n int64
-		n, err = apply(ctx, l.db, DeliveryGiveUp, now, whereAttempt(d.ID, attempt), append(cols, col("next_attempt_at = NULL"))...)
+		n, err = apply(ctx, l.db, DeliveryGiveUp, now, whereAttempt(d, attempt), append(cols, col("next_attempt_at = NULL"))...)
 		if err == nil && n == 1 {
 			h.Alerts.Alert(ctx, Alert{Kind: "webhook_failed", Subject: fmt.Sprintf("endpoint %d", e.ID),
 				Message: fmt.Sprintf("event %d was not delivered to %s after %d attempts: %s; send it again with redeliverWebhookEvent",
-					d.EventID, e.URL, attempt, errText(sendErr, status))})
+					d.EventID, redactURL(e.URL), attempt, StoredText(errText(sendErr, status), 255))})
 		}
 	default:
 		outcome = OutcomeRetry
-		_, err = apply(ctx, l.db, DeliveryAttempt, now, whereAttempt(d.ID, attempt),
+		_, err = apply(ctx, l.db, DeliveryAttempt, now, whereAttempt(d, attempt),
 			append(cols, col("next_attempt_at = ?", l.DBTime().Add(h.Config.backoff(attempt))))...)
 	}
 	if err != nil {
@@ -810,7 +860,21 @@ func errText(err error, status int) string {
 	return ""
 }
 
-// validUTF8 is b as text every database stores: valid UTF-8, no NUL.
-func validUTF8(b []byte) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "")
+// secureURL reports whether raw is an https URL: card codes never cross
+// the network in the clear.
+func secureURL(raw string) bool {
+	u, err := url.Parse(raw)
+	return err == nil && u.Scheme == "https"
+}
+
+// redactURL is an endpoint's URL to name it in an alert: without the
+// userinfo, query and fragment, where a receiver's credentials or tokens
+// may be, since alerts go to places the admin API does not.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(an invalid URL)"
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	return u.String()
 }

@@ -150,10 +150,14 @@ func (r *webhookEndpointResolver) Events(ctx context.Context, obj *domain.Webhoo
 }
 
 func (r *webhookEndpointResolver) PreviousSecretValidUntil(ctx context.Context, obj *domain.WebhookEndpoint) (*time.Time, error) {
-	if len(obj.PrevSecretEnc) == 0 || !obj.PrevSecretUntil.After(time.Now()) {
-		return nil, nil
+	h, err := r.hooks(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return &obj.PrevSecretUntil, nil
+	if until, ok := h.PreviousSecretUntil(obj); ok {
+		return &until, nil
+	}
+	return nil, nil
 }
 
 func (r *Resolver) WebhookDelivery() generated.WebhookDeliveryResolver {
