@@ -3554,9 +3554,9 @@ type WebhookDeliveryConnection {
 
 input CreateWebhookEndpointInput {
   """
-  An absolute http(s) URL. One that points at kami itself, or at a
-  loopback, link-local or private address, is refused unless
-  KAMI_WEBHOOK_ALLOW_PRIVATE is on.
+  An absolute http(s) URL (https when receivesCodes is on). A loopback,
+  link-local or private address is refused unless KAMI_WEBHOOK_ALLOW_PRIVATE
+  is on; kami itself and special-purpose addresses always are.
   """
   url: String!
   events: [String!]!

@@ -73,9 +73,9 @@ type CreateProductInput struct {
 }
 
 type CreateWebhookEndpointInput struct {
-	// An absolute http(s) URL. One that points at kami itself, or at a
-	// loopback, link-local or private address, is refused unless
-	// KAMI_WEBHOOK_ALLOW_PRIVATE is on.
+	// An absolute http(s) URL (https when receivesCodes is on). A loopback,
+	// link-local or private address is refused unless KAMI_WEBHOOK_ALLOW_PRIVATE
+	// is on; kami itself and special-purpose addresses always are.
 	URL         string   `json:"url"`
 	Events      []string `json:"events"`
 	Description *string  `json:"description,omitempty"`
