@@ -510,6 +510,9 @@ func loadWebhookConfig(c *Config, getenv func(string) string) error {
 	if w.RetryFor, err = duration(getenv("KAMI_WEBHOOK_RETRY_FOR"), 72*time.Hour); err != nil || w.RetryFor < time.Minute || w.RetryFor > 30*24*time.Hour {
 		bad("KAMI_WEBHOOK_RETRY_FOR", "want a duration from 1m to 720h, like 72h")
 	}
+	if w.Keep, err = duration(getenv("KAMI_WEBHOOK_KEEP"), 30*24*time.Hour); err != nil || w.Keep < time.Hour || w.Keep > 10*365*24*time.Hour {
+		bad("KAMI_WEBHOOK_KEEP", "want a duration from 1h to 87600h, like 720h")
+	}
 	if w.Guard.AllowPrivate, err = flag(getenv("KAMI_WEBHOOK_ALLOW_PRIVATE"), false); err != nil {
 		bad("KAMI_WEBHOOK_ALLOW_PRIVATE", "want 1 (on) or 0 (off)")
 	}

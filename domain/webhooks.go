@@ -103,7 +103,11 @@ type WebhookConfig struct {
 	RetryFor    time.Duration // how long a delivery is retried before it is FAILED (KAMI_WEBHOOK_RETRY_FOR); default 72h
 	// RotationGrace is how long a rotated-out secret still signs; default 24h.
 	RotationGrace time.Duration
-	Guard         webhook.Guard
+	// Keep is how long the delivery log keeps a delivery that ended, and
+	// the outbox an event no delivery needs any more (KAMI_WEBHOOK_KEEP);
+	// default 30 days.
+	Keep  time.Duration
+	Guard webhook.Guard
 }
 
 func (c WebhookConfig) withDefaults() WebhookConfig {
@@ -117,6 +121,7 @@ func (c WebhookConfig) withDefaults() WebhookConfig {
 	defD(&c.BackoffMax, 6*time.Hour)
 	defD(&c.RetryFor, 72*time.Hour)
 	defD(&c.RotationGrace, 24*time.Hour)
+	defD(&c.Keep, 30*24*time.Hour)
 	return c
 }
 
@@ -553,6 +558,51 @@ func (h *Webhooks) FanOut(ctx context.Context, limit int) ([]DeliveryDue, int, e
 		return nil
 	})
 	return out, taken, err
+}
+
+// Prune keeps the outbox and the delivery log from growing without end:
+// it deletes deliveries that ended (delivered, failed, cancelled) and saw
+// no change for Keep, then events fanned out more than Keep ago that no
+// delivery refers to any more (an event no endpoint wanted, or whose
+// deliveries were pruned). A PENDING delivery and its event are never
+// deleted; each statement checks its condition again, so a delivery sent
+// again meanwhile stays. At most limit rows of each kind per call: the
+// sweeper calls it every sweep.
+func (h *Webhooks) Prune(ctx context.Context, limit int) (deliveries, events int, err error) {
+	db := h.Ledger.db
+	cutoff := h.Ledger.DBTime().Add(-h.Config.withDefaults().Keep)
+	ended := []DeliveryStatus{DeliveryDelivered, DeliveryFailed, DeliveryCancelled}
+	var ids []int64
+	if err := db.NewSelect().Model((*WebhookDelivery)(nil)).Column("id").
+		Where("status IN (?)", bun.List(ended)).Where("created_at < ?", cutoff).Where("updated_at < ?", cutoff).
+		Order("id").Limit(int64(limit)).Scan(ctx, &ids); err != nil {
+		return 0, 0, err
+	}
+	if len(ids) > 0 {
+		res, err := db.NewDelete().Model((*WebhookDelivery)(nil)).Where("id IN (?)", bun.List(ids)).
+			Where("status IN (?)", bun.List(ended)).Where("updated_at < ?", cutoff).Exec(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		n, _ := res.RowsAffected()
+		deliveries = int(n)
+	}
+	const unreferenced = "NOT EXISTS (SELECT 1 FROM webhook_delivery d WHERE d.event_id = events.id)"
+	ids = ids[:0]
+	if err := db.NewSelect().TableExpr("events").Column("id").
+		Where("fanned_out = ?", true).Where("occurred_at < ?", cutoff).Where(unreferenced).
+		Order("id").Limit(int64(limit)).Scan(ctx, &ids); err != nil {
+		return deliveries, 0, err
+	}
+	if len(ids) > 0 {
+		res, err := db.NewDelete().TableExpr("events").Where("id IN (?)", bun.List(ids)).Where(unreferenced).Exec(ctx)
+		if err != nil {
+			return deliveries, 0, err
+		}
+		n, _ := res.RowsAffected()
+		events = int(n)
+	}
+	return deliveries, events, nil
 }
 
 // DueDeliveries lists PENDING deliveries due by before, oldest due first,

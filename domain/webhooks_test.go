@@ -407,3 +407,77 @@ func TestWebhookEndpointAdmin(t *testing.T) {
 		}
 	})
 }
+
+// TestWebhookPrune: the delivery log and the outbox keep Keep and no
+// more. A delivery that ended and an event no delivery needs go once they
+// are older than Keep; a PENDING delivery (and so its event) stays however
+// old, and so does an event not yet fanned out.
+func TestWebhookPrune(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		keep := 48 * time.Hour
+		h := b.hooks(domain.WebhookConfig{Keep: keep, BackoffBase: time.Hour, BackoffMax: time.Hour, RetryFor: 1000 * time.Hour})
+		ok, dead := newReceiver(t, 200), newReceiver(t, 500)
+		b.endpoint(t, h, ok.srv.URL, false, domain.EventOrderPaid)
+		p := b.product(t, 500, 4)
+		b.pay(t, b.order(t, p, 1).Order, "T1", "N1") // delivered to ok
+		for _, d := range fanOut(t, b, h) {
+			if got, err := h.Deliver(b.ctx, d.ID); err != nil || got.Status != domain.DeliveryDelivered {
+				t.Fatalf("deliver: %+v, %v", got, err)
+			}
+		}
+		// An event no endpoint wants: fanned out into nothing.
+		unpaid := b.order(t, p, 1).Order
+		b.clock.Advance(time.Hour)
+		if res, err := b.ledger.CloseOrders(b.ctx, []string{unpaid.OrderNo}, domain.CloseTimeout); err != nil || len(res) != 1 {
+			t.Fatalf("close: %+v, %v", res, err)
+		}
+		fanOut(t, b, h)
+		// A delivery that keeps failing stays PENDING.
+		b.endpoint(t, h, dead.srv.URL, false, domain.EventOrderPaid)
+		b.pay(t, b.order(t, p, 1).Order, "T2", "N2")
+		pending := fanOut(t, b, h)
+		if len(pending) != 2 {
+			t.Fatalf("%d deliveries of the second payment, want 2", len(pending))
+		}
+		for _, d := range pending {
+			h.Deliver(b.ctx, d.ID)
+		}
+
+		if ds, evs, err := h.Prune(b.ctx, 100); err != nil || ds != 0 || evs != 0 {
+			t.Fatalf("prune within Keep: %d deliveries, %d events, %v; want nothing", ds, evs, err)
+		}
+		b.clock.Advance(keep + time.Hour)
+		// Not yet fanned out when the prune runs: stays.
+		b.pay(t, b.order(t, p, 1).Order, "T3", "N3")
+		countEvents := func() int {
+			n, err := db.NewSelect().Model((*domain.Event)(nil)).Count(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return int(n)
+		}
+		before := countEvents()
+		ds, evs, err := h.Prune(b.ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Gone: the first payment's delivery and event, and the close's
+		// event; the second payment's delivered delivery too, but not its
+		// PENDING one, so not its event.
+		if ds != 2 || evs != 2 {
+			t.Fatalf("pruned %d deliveries and %d events, want 2 and 2", ds, evs)
+		}
+		if after := countEvents(); after != before-2 {
+			t.Fatalf("%d events left of %d", after, before)
+		}
+		var left []domain.WebhookDelivery
+		if err := db.NewSelect().Model(&left).Scan(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(left) != 1 || left[0].Status != domain.DeliveryPending {
+			t.Fatalf("deliveries left %+v, want the PENDING one", left)
+		}
+	})
+}

@@ -247,5 +247,12 @@ func (w *WebhookWorkers) Sweep(ctx context.Context) (int, error) {
 	if added > 0 {
 		w.log.Info("webhook sweeper restored deliveries", "deliveries", added)
 	}
+	// The delivery log and the outbox keep KAMI_WEBHOOK_KEEP; a failure
+	// here delays the clean-up to the next sweep and loses nothing.
+	if ds, evs, err := w.hooks.Prune(ctx, 10_000); err != nil {
+		w.log.Warn("webhook sweeper could not prune the delivery log", "err", err)
+	} else if ds+evs > 0 {
+		w.log.Info("webhook sweeper pruned the delivery log", "deliveries", ds, "events", evs)
+	}
 	return added, nil
 }
