@@ -523,12 +523,11 @@ func refundIn(ctx context.Context, db bun.IDB, refundNo string) (*Refund, error)
 	return &r, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
+// truncate bounds a text kami stores to n bytes, as StoredText does: a
+// byte cut could split a character (MySQL refuses the row) and a NUL from
+// outside (a gateway's or a receiver's error) fails the statement on every
+// database, which would leave the record it belongs to unwritable.
+func truncate(s string, n int) string { return StoredText(s, n) }
 
 // --- refunds --------------------------------------------------------------
 
