@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net/mail"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/uptrace/bun"
 
@@ -88,10 +90,35 @@ func (m *MailSend) MessageID() string {
 }
 
 // EmailContact reports whether a (normalized) contact is an email address
-// kami can send to.
+// kami mails codes to: a plain address at a domain name with a dot and a
+// top-level domain of letters. A contact is the buyer's input, and a mail
+// is sent by kami's own SMTP server: an IP literal (a@[10.0.0.5]), a bare
+// or single-label host (root@localhost, a@127.0.0.1, postmaster@b) or
+// source routing in the local part (a%b.com@relay, a!b@relay) would let a
+// buyer aim that server at the shop's own network or have it relay
+// elsewhere. Such contacts stay valid contacts; they are simply not mailed.
 func EmailContact(contact string) bool {
 	a, err := mail.ParseAddress(contact)
-	return err == nil && a.Name == "" && a.Address == contact
+	if err != nil || a.Name != "" || a.Address != contact {
+		return false
+	}
+	at := strings.LastIndexByte(contact, '@')
+	local, domain := contact[:at], contact[at+1:]
+	if strings.ContainsAny(local, "%!") {
+		return false
+	}
+	labels := strings.Split(domain, ".")
+	if len(labels) < 2 {
+		return false
+	}
+	for _, label := range labels {
+		if label == "" || strings.HasPrefix(label, "-") || strings.HasSuffix(label, "-") ||
+			strings.IndexFunc(label, func(r rune) bool { return r != '-' && !unicode.IsLetter(r) && !unicode.IsDigit(r) }) >= 0 {
+			return false
+		}
+	}
+	tld := labels[len(labels)-1]
+	return strings.HasPrefix(tld, "xn--") || strings.IndexFunc(tld, func(r rune) bool { return !unicode.IsLetter(r) }) < 0
 }
 
 // queueOrderMails writes, inside the transaction that delivers the given

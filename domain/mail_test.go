@@ -388,3 +388,35 @@ func TestMailNotSentForARefundedOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestEmailContact: only an address at a domain name (a dot, a top-level
+// domain of letters) is mailed; IP literals, bare hosts and source routes
+// in the local part are contacts kami keeps but does not mail.
+func TestEmailContact(t *testing.T) {
+	t.Parallel()
+	for contact, want := range map[string]bool{
+		"buyer@example.com":           true,
+		"a.b+tag@mail.example.co.uk":  true,
+		"buyer@例子.中国":                 true,
+		"buyer@example.xn--fiqs8s":    true,
+		"buyer@sub-domain.example.cn": true,
+		"a@[10.0.0.5]":                false,
+		"a@[ipv6:::1]":                false,
+		"root@localhost":              false,
+		"a@127.0.0.1":                 false,
+		"a@10.0.0.5":                  false,
+		"postmaster@b":                false,
+		"a%b.com@relay.example":       false,
+		"a!b@relay.example":           false,
+		"a@example.c0m":               false,
+		"a@-example.com":              false,
+		"a@example..com":              false,
+		"a@example.com.":              false,
+		"13800138000":                 false,
+		"Buyer <buyer@example.com>":   false,
+	} {
+		if got := domain.EmailContact(contact); got != want {
+			t.Errorf("EmailContact(%q) = %v, want %v", contact, got, want)
+		}
+	}
+}
