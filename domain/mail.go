@@ -11,6 +11,7 @@ import (
 	"net/mail"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -460,7 +461,21 @@ type Mailer struct {
 	Sender   MailSender
 	Log      *slog.Logger
 	Observer MailObserver
+
+	// refused: the last attempt that got an answer about kami itself was
+	// the SMTP server refusing it (see mail.Error.ServerRefused); the
+	// mail_server_refused alert is raised once, when this turns true.
+	refused atomic.Bool
 }
+
+// FinishTries is how many times Deliver tries to record an attempt's
+// outcome before it leaves the row to be taken over past its deadline
+// (which sends the mail again); the waits between them grow from
+// finishFirstWait, a few seconds in all.
+const (
+	FinishTries     = 6
+	finishFirstWait = 100 * time.Millisecond
+)
 
 // Deliver makes one attempt at mail id if it is due, and returns the row
 // as it is after it: QUEUED with its next due time, SENDING under another
@@ -478,6 +493,7 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		return b.Mail, nil
 	}
 	var sendErr error
+	talked := false // the server was asked (not: the codes could not be read)
 	codes, err := m.Ledger.SoldCodes(ctx, []string{at.Order.OrderNo})
 	if err != nil {
 		// Nothing was sent: this attempt ends as not sent, not as one
@@ -488,16 +504,19 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		msg := kmail.Message{To: at.To, MessageID: at.Mail.MessageID(), OrderNo: at.Order.OrderNo, Product: at.Product,
 			Quantity: at.Order.Quantity, Codes: codes[at.Order.OrderNo]}
 		sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.Sender.AttemptBudget())
-		sendErr = m.Sender.Send(sendCtx, msg)
+		sendErr, talked = m.Sender.Send(sendCtx, msg), true
 		cancel()
 	}
-	res, err := m.Ledger.FinishMailAttempt(context.WithoutCancel(ctx), id, at.Mail.Attempts, sendErr)
+	res, err := m.finish(ctx, id, at.Mail.Attempts, sendErr)
 	outcome := "sent"
 	var me *kmail.Error
 	if errors.As(sendErr, &me) {
 		outcome = map[kmail.Outcome]string{kmail.NotSent: "not_sent", kmail.Refused: "refused", kmail.Uncertain: "uncertain"}[me.Outcome]
 	} else if sendErr != nil {
 		outcome = "not_sent"
+	}
+	if talked {
+		m.noteServer(ctx, sendErr, me)
 	}
 	m.log().InfoContext(ctx, "order mail attempt", "mail", id, "order", at.Order.OrderNo, "attempt", at.Mail.Attempts,
 		"outcome", outcome, "err", mailErrText(sendErr))
@@ -508,6 +527,50 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		}
 	}
 	return res, err
+}
+
+// finish records how an attempt ended. If the server took the message, a
+// record that fails leaves the row SENDING, and past its deadline another
+// attempt takes it over and mails the buyer again: a failed record (a
+// database blip) is tried again, FinishTries times at most, unless ctx
+// ends (the worker stops) or the ledger gives a definite answer (an
+// *Error). Each try is its own transaction, and a second record of one
+// attempt changes nothing, so a try whose commit went through unheard is
+// harmless.
+func (m *Mailer) finish(ctx context.Context, id int64, attempt int, sendErr error) (*MailSend, error) {
+	wait := finishFirstWait
+	for try := 1; ; try++ {
+		res, err := m.Ledger.FinishMailAttempt(context.WithoutCancel(ctx), id, attempt, sendErr)
+		var de *Error
+		if err == nil || try == FinishTries || errors.As(err, &de) {
+			return res, err
+		}
+		m.log().WarnContext(ctx, "order mail: recording the attempt failed; trying again", "mail", id, "attempt", attempt, "try", try, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+// noteServer raises one mail_server_refused alert when the SMTP server
+// starts refusing kami itself (a 5xx before any message: wrong
+// credentials, a blocked sender), rather than a mail_failed per order:
+// those mails are not failed, they wait with backoff for the settings or
+// the server to be fixed. Once an attempt gets as far as a message the
+// refusal is over, and the next one alerts again.
+func (m *Mailer) noteServer(ctx context.Context, sendErr error, me *kmail.Error) {
+	switch {
+	case me != nil && me.ServerRefused():
+		if m.refused.CompareAndSwap(false, true) {
+			m.Ledger.alerts.Alert(ctx, Alert{Kind: "mail_server_refused", Subject: "smtp",
+				Message: "the SMTP server refuses kami before any message (" + me.Detail + "): check KAMI_SMTP_URL's user and password and the server; order mails wait and are retried with backoff"})
+		}
+	case sendErr == nil || me != nil && !me.BeforeMessage:
+		m.refused.Store(false)
+	}
 }
 
 // mailErrText is a send error's text for the log, "" for none.
