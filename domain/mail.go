@@ -451,7 +451,10 @@ type MailScheduler interface {
 
 // MailObserver hears each attempt's outcome (metrics).
 type MailObserver interface {
-	MailAttempted(outcome string) // "sent", "not_sent", "refused", "uncertain"
+	// MailAttempted: "sent", "not_sent", "server_refused" (not sent: the
+	// server refused kami itself, before any message), "refused",
+	// "uncertain".
+	MailAttempted(outcome string)
 	MailFailed()
 }
 
@@ -512,6 +515,9 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 	var me *kmail.Error
 	if errors.As(sendErr, &me) {
 		outcome = map[kmail.Outcome]string{kmail.NotSent: "not_sent", kmail.Refused: "refused", kmail.Uncertain: "uncertain"}[me.Outcome]
+		if me.ServerRefused() {
+			outcome = "server_refused"
+		}
 	} else if sendErr != nil {
 		outcome = "not_sent"
 	}

@@ -445,6 +445,8 @@ func TestMailServerRefusalIsRetried(t *testing.T) {
 		cfg := srv.Config("Test Shop", 10*time.Second)
 		cfg.Server.Username, cfg.Server.Password = "kami", "rotating"
 		m := mailer(t, b, cfg)
+		outcomes := &mailOutcomes{}
+		m.Observer = outcomes
 		_, first := paidWithMail(t, b)
 		_, second := paidWithMail(t, b)
 		for _, q := range []*domain.MailSend{first, second} {
@@ -464,6 +466,9 @@ func TestMailServerRefusalIsRetried(t *testing.T) {
 		}
 		if ids := messageIDs(srv); len(srv.Received()) != 2 || len(ids) != 2 {
 			t.Fatalf("%d copies, Message-IDs %v; want one copy of each mail", len(srv.Received()), ids)
+		}
+		if got := strings.Join(outcomes.get(), " "); got != "server_refused server_refused sent sent" {
+			t.Fatalf("outcomes observed: %s", got)
 		}
 		srv.SetGate(func(int) mailtest.Gate { return mailtest.RefuseHello })
 		_, third := paidWithMail(t, b)
@@ -523,4 +528,24 @@ func TestMailOutcomeRecordRetried(t *testing.T) {
 			}
 		}
 	})
+}
+
+// mailOutcomes records the outcomes a Mailer reports.
+type mailOutcomes struct {
+	mu  sync.Mutex
+	out []string
+}
+
+func (o *mailOutcomes) MailAttempted(outcome string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.out = append(o.out, outcome)
+}
+
+func (o *mailOutcomes) MailFailed() {}
+
+func (o *mailOutcomes) get() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.out...)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"mime/multipart"
+	"net"
 	netmail "net/mail"
 	"strings"
 	"testing"
@@ -213,6 +214,35 @@ func TestSendRefusalBeforeMessageIsNotSent(t *testing.T) {
 			}
 		})
 	}
+	t.Run("greeting 554", func(t *testing.T) {
+		t.Parallel()
+		// go-smtp always greets with 220: a listener that says 554 and
+		// hangs up, as a server refusing the client's address does.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, "554 5.7.1 no SMTP service here\r\n")
+				_ = c.Close()
+			}
+		}()
+		s, err := mail.New(mail.Config{Server: mail.Server{Host: "127.0.0.1", Port: l.Addr().(*net.TCPAddr).Port},
+			From: &netmail.Address{Address: "codes@shop.example"}, ShopName: "Shop", Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var me *mail.Error
+		if err := s.Send(context.Background(), message()); !errors.As(err, &me) || me.Outcome != mail.NotSent || !me.ServerRefused() || me.Code != 554 {
+			t.Fatalf("Send = %#v, want not sent, refused by the server with 554", err)
+		}
+	})
 	t.Run("a refusal of the message is not the server's", func(t *testing.T) {
 		t.Parallel()
 		srv := mailtest.Start(t, func(int) mailtest.Answer { return mailtest.Refuse })
