@@ -30,15 +30,21 @@ import (
 // (QUEUED → SENDING, with a deadline) and committed before the message is
 // sent, so two workers never send one row at once. A failure before the
 // message's end reached the server delivered nothing and is retried with
-// backoff; a 5xx is final. What SMTP cannot tell is an attempt whose whole
-// message was handed over and whose reply was lost (a timeout, a reset, a
-// process killed mid-send): the server may have accepted it. Such an
-// attempt is "uncertain", and a row sends again after at most
+// backoff; a 5xx that answers the message (MAIL FROM, RCPT TO, DATA, its
+// end) is final. A 5xx before any message (the greeting, EHLO, AUTH)
+// refuses kami, not this mail: retried like any mail not sent, with one
+// mail_server_refused alert (Mailer). What SMTP cannot tell is an attempt
+// whose whole message was handed over and whose reply was lost (a timeout,
+// a reset, a process killed mid-send): the server may have accepted it.
+// Such an attempt is "uncertain", and a row sends again after at most
 // MaxUncertainMail of them: one row puts at most MaxUncertainMail+1
 // copies in the buyer's mailbox, all with the same Message-ID (derived from
 // the row, so a receiver can tell them apart from a real second mail).
 // After MaxUncertainMail+1 uncertain attempts the row is FAILED with an
-// alert that says the buyer may well have it.
+// alert that says the buyer may well have it. An outcome the database
+// would not record (a blip after the server's 250) would make an
+// uncertain attempt of a confirmed one: recording it is tried again
+// (Mailer.finish) before the row is left to be taken over.
 
 // MailCause says why a mail exists.
 type MailCause string
