@@ -23,8 +23,9 @@ import (
 //     look like many;
 //   - lower case throughout, the local part of an email included. RFC 5321
 //     lets a mail server tell "Bob@" from "bob@", but none of the large ones
-//     does, kami sends no mail itself, and a cap that a capital letter
-//     escapes is no cap;
+//     does, so the codes mailed to the lower-cased address (domain/mail.go)
+//     reach the buyer all the same, and a cap that a capital letter escapes
+//     is no cap;
 //   - a phone number written with separators ("+86 138-0013-8000",
 //     "(0086)13800138000") is its digits, and a Chinese mobile number loses
 //     its country code (+86 / 0086), so it matches the bare 11 digits.

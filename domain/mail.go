@@ -10,7 +10,10 @@ import (
 	"log/slog"
 	"net/mail"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/uptrace/bun"
 
@@ -27,15 +30,21 @@ import (
 // (QUEUED → SENDING, with a deadline) and committed before the message is
 // sent, so two workers never send one row at once. A failure before the
 // message's end reached the server delivered nothing and is retried with
-// backoff; a 5xx is final. What SMTP cannot tell is an attempt whose whole
-// message was handed over and whose reply was lost (a timeout, a reset, a
-// process killed mid-send): the server may have accepted it. Such an
-// attempt is "uncertain", and a row sends again after at most
+// backoff; a 5xx that answers the message (MAIL FROM, RCPT TO, DATA, its
+// end) is final. A 5xx before any message (the greeting, EHLO, AUTH)
+// refuses kami, not this mail: retried like any mail not sent, with one
+// mail_server_refused alert (Mailer). What SMTP cannot tell is an attempt
+// whose whole message was handed over and whose reply was lost (a timeout,
+// a reset, a process killed mid-send): the server may have accepted it.
+// Such an attempt is "uncertain", and a row sends again after at most
 // MaxUncertainMail of them: one row puts at most MaxUncertainMail+1
 // copies in the buyer's mailbox, all with the same Message-ID (derived from
 // the row, so a receiver can tell them apart from a real second mail).
 // After MaxUncertainMail+1 uncertain attempts the row is FAILED with an
-// alert that says the buyer may well have it.
+// alert that says the buyer may well have it. An outcome the database
+// would not record (a blip after the server's 250) would make an
+// uncertain attempt of a confirmed one: recording it is tried again
+// (Mailer.finish) before the row is left to be taken over.
 
 // MailCause says why a mail exists.
 type MailCause string
@@ -88,10 +97,35 @@ func (m *MailSend) MessageID() string {
 }
 
 // EmailContact reports whether a (normalized) contact is an email address
-// kami can send to.
+// kami mails codes to: a plain address at a domain name with a dot and a
+// top-level domain of letters. A contact is the buyer's input, and a mail
+// is sent by kami's own SMTP server: an IP literal (a@[10.0.0.5]), a bare
+// or single-label host (root@localhost, a@127.0.0.1, postmaster@b) or
+// source routing in the local part (a%b.com@relay, a!b@relay) would let a
+// buyer aim that server at the shop's own network or have it relay
+// elsewhere. Such contacts stay valid contacts; they are simply not mailed.
 func EmailContact(contact string) bool {
 	a, err := mail.ParseAddress(contact)
-	return err == nil && a.Name == "" && a.Address == contact
+	if err != nil || a.Name != "" || a.Address != contact {
+		return false
+	}
+	at := strings.LastIndexByte(contact, '@')
+	local, domain := contact[:at], contact[at+1:]
+	if strings.ContainsAny(local, "%!") {
+		return false
+	}
+	labels := strings.Split(domain, ".")
+	if len(labels) < 2 {
+		return false
+	}
+	for _, label := range labels {
+		if label == "" || strings.HasPrefix(label, "-") || strings.HasSuffix(label, "-") ||
+			strings.IndexFunc(label, func(r rune) bool { return r != '-' && !unicode.IsLetter(r) && !unicode.IsDigit(r) }) >= 0 {
+			return false
+		}
+	}
+	tld := labels[len(labels)-1]
+	return strings.HasPrefix(tld, "xn--") || strings.IndexFunc(tld, func(r rune) bool { return !unicode.IsLetter(r) }) < 0
 }
 
 // queueOrderMails writes, inside the transaction that delivers the given
@@ -423,7 +457,10 @@ type MailScheduler interface {
 
 // MailObserver hears each attempt's outcome (metrics).
 type MailObserver interface {
-	MailAttempted(outcome string) // "sent", "not_sent", "refused", "uncertain"
+	// MailAttempted: "sent", "not_sent", "server_refused" (not sent: the
+	// server refused kami itself, before any message), "refused",
+	// "uncertain".
+	MailAttempted(outcome string)
 	MailFailed()
 }
 
@@ -433,7 +470,21 @@ type Mailer struct {
 	Sender   MailSender
 	Log      *slog.Logger
 	Observer MailObserver
+
+	// refused: the last attempt that got an answer about kami itself was
+	// the SMTP server refusing it (see mail.Error.ServerRefused); the
+	// mail_server_refused alert is raised once, when this turns true.
+	refused atomic.Bool
 }
+
+// FinishTries is how many times Deliver tries to record an attempt's
+// outcome before it leaves the row to be taken over past its deadline
+// (which sends the mail again); the waits between them grow from
+// finishFirstWait, a few seconds in all.
+const (
+	FinishTries     = 6
+	finishFirstWait = 100 * time.Millisecond
+)
 
 // Deliver makes one attempt at mail id if it is due, and returns the row
 // as it is after it: QUEUED with its next due time, SENDING under another
@@ -451,6 +502,7 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		return b.Mail, nil
 	}
 	var sendErr error
+	talked := false // the server was asked (not: the codes could not be read)
 	codes, err := m.Ledger.SoldCodes(ctx, []string{at.Order.OrderNo})
 	if err != nil {
 		// Nothing was sent: this attempt ends as not sent, not as one
@@ -461,16 +513,22 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		msg := kmail.Message{To: at.To, MessageID: at.Mail.MessageID(), OrderNo: at.Order.OrderNo, Product: at.Product,
 			Quantity: at.Order.Quantity, Codes: codes[at.Order.OrderNo]}
 		sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.Sender.AttemptBudget())
-		sendErr = m.Sender.Send(sendCtx, msg)
+		sendErr, talked = m.Sender.Send(sendCtx, msg), true
 		cancel()
 	}
-	res, err := m.Ledger.FinishMailAttempt(context.WithoutCancel(ctx), id, at.Mail.Attempts, sendErr)
+	res, err := m.finish(ctx, id, at.Mail.Attempts, sendErr)
 	outcome := "sent"
 	var me *kmail.Error
 	if errors.As(sendErr, &me) {
 		outcome = map[kmail.Outcome]string{kmail.NotSent: "not_sent", kmail.Refused: "refused", kmail.Uncertain: "uncertain"}[me.Outcome]
+		if me.ServerRefused() {
+			outcome = "server_refused"
+		}
 	} else if sendErr != nil {
 		outcome = "not_sent"
+	}
+	if talked {
+		m.noteServer(ctx, sendErr, me)
 	}
 	m.log().InfoContext(ctx, "order mail attempt", "mail", id, "order", at.Order.OrderNo, "attempt", at.Mail.Attempts,
 		"outcome", outcome, "err", mailErrText(sendErr))
@@ -481,6 +539,50 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		}
 	}
 	return res, err
+}
+
+// finish records how an attempt ended. If the server took the message, a
+// record that fails leaves the row SENDING, and past its deadline another
+// attempt takes it over and mails the buyer again: a failed record (a
+// database blip) is tried again, FinishTries times at most, unless ctx
+// ends (the worker stops) or the ledger gives a definite answer (an
+// *Error). Each try is its own transaction, and a second record of one
+// attempt changes nothing, so a try whose commit went through unheard is
+// harmless.
+func (m *Mailer) finish(ctx context.Context, id int64, attempt int, sendErr error) (*MailSend, error) {
+	wait := finishFirstWait
+	for try := 1; ; try++ {
+		res, err := m.Ledger.FinishMailAttempt(context.WithoutCancel(ctx), id, attempt, sendErr)
+		var de *Error
+		if err == nil || try == FinishTries || errors.As(err, &de) {
+			return res, err
+		}
+		m.log().WarnContext(ctx, "order mail: recording the attempt failed; trying again", "mail", id, "attempt", attempt, "try", try, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+// noteServer raises one mail_server_refused alert when the SMTP server
+// starts refusing kami itself (a 5xx before any message: wrong
+// credentials, a blocked sender), rather than a mail_failed per order:
+// those mails are not failed, they wait with backoff for the settings or
+// the server to be fixed. Once an attempt gets as far as a message the
+// refusal is over, and the next one alerts again.
+func (m *Mailer) noteServer(ctx context.Context, sendErr error, me *kmail.Error) {
+	switch {
+	case me != nil && me.ServerRefused():
+		if m.refused.CompareAndSwap(false, true) {
+			m.Ledger.alerts.Alert(ctx, Alert{Kind: "mail_server_refused", Subject: "smtp",
+				Message: "the SMTP server refuses kami before any message (" + me.Detail + "): check KAMI_SMTP_URL's user and password and the server; order mails wait and are retried with backoff"})
+		}
+	case sendErr == nil || me != nil && !me.BeforeMessage:
+		m.refused.Store(false)
+	}
 }
 
 // mailErrText is a send error's text for the log, "" for none.

@@ -26,11 +26,17 @@ func mailSetup(t *testing.T, db *bun.DB, answer func(n int) mailtest.Answer, tim
 	t.Helper()
 	b := setup(t, db, domain.Config{Mail: true, MailBackoff: mailBackoff})
 	srv := mailtest.Start(t, answer)
-	s, err := mail.New(srv.Config("Test Shop", timeout))
+	return b, srv, mailer(t, b, srv.Config("Test Shop", timeout))
+}
+
+// mailer is a Mailer for b's ledger sending as cfg says.
+func mailer(t *testing.T, b *bundle, cfg mail.Config) *domain.Mailer {
+	t.Helper()
+	s, err := mail.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b, srv, &domain.Mailer{Ledger: b.ledger, Sender: s}
+	return &domain.Mailer{Ledger: b.ledger, Sender: s}
 }
 
 func always(a mailtest.Answer) func(int) mailtest.Answer {
@@ -387,4 +393,159 @@ func TestMailNotSentForARefundedOrder(t *testing.T) {
 			t.Fatalf("reveals %+v, %v; want none", page, err)
 		}
 	})
+}
+
+// TestEmailContact: only an address at a domain name (a dot, a top-level
+// domain of letters) is mailed; IP literals, bare hosts and source routes
+// in the local part are contacts kami keeps but does not mail.
+func TestEmailContact(t *testing.T) {
+	t.Parallel()
+	for contact, want := range map[string]bool{
+		"buyer@example.com":           true,
+		"a.b+tag@mail.example.co.uk":  true,
+		"buyer@例子.中国":                 true,
+		"buyer@example.xn--fiqs8s":    true,
+		"buyer@sub-domain.example.cn": true,
+		"a@[10.0.0.5]":                false,
+		"a@[ipv6:::1]":                false,
+		"root@localhost":              false,
+		"a@127.0.0.1":                 false,
+		"a@10.0.0.5":                  false,
+		"postmaster@b":                false,
+		"a%b.com@relay.example":       false,
+		"a!b@relay.example":           false,
+		"a@example.c0m":               false,
+		"a@-example.com":              false,
+		"a@example..com":              false,
+		"a@example.com.":              false,
+		"13800138000":                 false,
+		"Buyer <buyer@example.com>":   false,
+	} {
+		if got := domain.EmailContact(contact); got != want {
+			t.Errorf("EmailContact(%q) = %v, want %v", contact, got, want)
+		}
+	}
+}
+
+// TestMailServerRefusalIsRetried: the SMTP server refuses kami's AUTH
+// (535: a password being rotated) for the first two connections. The
+// mails wait (QUEUED, not FAILED), one mail_server_refused alert is
+// raised for both and no mail_failed, and once the server takes the
+// password each is sent, one copy each. A later refusal alerts again.
+func TestMailServerRefusalIsRetried(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, srv, _ := mailSetup(t, db, always(mailtest.Accept), 10*time.Second)
+		srv.SetGate(func(n int) mailtest.Gate {
+			if n <= 2 {
+				return mailtest.RefuseAuth
+			}
+			return mailtest.Open
+		})
+		cfg := srv.Config("Test Shop", 10*time.Second)
+		cfg.Server.Username, cfg.Server.Password = "kami", "rotating"
+		m := mailer(t, b, cfg)
+		outcomes := &mailOutcomes{}
+		m.Observer = outcomes
+		_, first := paidWithMail(t, b)
+		_, second := paidWithMail(t, b)
+		for _, q := range []*domain.MailSend{first, second} {
+			row := deliver(t, b, m, q.ID)
+			if row.Status != domain.MailQueued || row.Attempts != 1 || !strings.Contains(row.LastError, "535") {
+				t.Fatalf("after AUTH 535: %+v", row)
+			}
+		}
+		if b.alerts.count("mail_server_refused") != 1 || b.alerts.count("mail_failed") != 0 || srv.Auths() != 2 {
+			t.Fatalf("alerts %v, %d AUTH; want one mail_server_refused for two refusals", b.alerts.kinds(), srv.Auths())
+		}
+		b.clock.Advance(mailBackoff[0])
+		for _, q := range []*domain.MailSend{first, second} {
+			if row := deliver(t, b, m, q.ID); row.Status != domain.MailSent || row.Attempts != 2 {
+				t.Fatalf("once AUTH works: %+v", row)
+			}
+		}
+		if ids := messageIDs(srv); len(srv.Received()) != 2 || len(ids) != 2 {
+			t.Fatalf("%d copies, Message-IDs %v; want one copy of each mail", len(srv.Received()), ids)
+		}
+		if got := strings.Join(outcomes.get(), " "); got != "server_refused server_refused sent sent" {
+			t.Fatalf("outcomes observed: %s", got)
+		}
+		srv.SetGate(func(int) mailtest.Gate { return mailtest.RefuseHello })
+		_, third := paidWithMail(t, b)
+		if row := deliver(t, b, m, third.ID); row.Status != domain.MailQueued || b.alerts.count("mail_server_refused") != 2 {
+			t.Fatalf("a new refusal: %+v, alerts %v", row, b.alerts.kinds())
+		}
+	})
+}
+
+// TestMailHostileServerTextIsStored: a refusal whose text holds a NUL,
+// invalid UTF-8, escapes and the buyer's address in capitals is stored
+// (every database takes it) without any of them.
+func TestMailHostileServerTextIsStored(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, _, m := mailSetup(t, db, always(mailtest.RefuseHostile), 10*time.Second)
+		o, queued := paidWithMail(t, b)
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailFailed || !strings.Contains(row.LastError, "554") || !strings.Contains(row.LastError, "<buyer>") {
+			t.Fatalf("after a hostile 554: %+v", row)
+		}
+		if strings.Contains(strings.ToLower(row.LastError), o.Contact) || strings.ContainsFunc(row.LastError, func(r rune) bool { return r < ' ' || r == 0x7f || r == 0x202e }) {
+			t.Fatalf("stored error %q holds the buyer's address or control characters", row.LastError)
+		}
+	})
+}
+
+// TestMailOutcomeRecordRetried: the server accepted the mail and the
+// first record of it fails (the COMMIT's answer lost, applied or not):
+// the record is tried again, the mail is SENT, and nothing sends it a
+// second time past its deadline.
+func TestMailOutcomeRecordRetried(t *testing.T) {
+	t.Parallel()
+	eachWithLostCommits(t, func(t *testing.T, db *bun.DB, lost *lostCommits) {
+		for _, applied := range []bool{false, true} {
+			b := setup(t, db, domain.Config{Mail: true, MailBackoff: mailBackoff})
+			// The next COMMIT after the server begins the message is the
+			// outcome's record.
+			srv := mailtest.Start(t, func(int) mailtest.Answer {
+				lost.applied = applied
+				lost.armed.Store(1)
+				return mailtest.Accept
+			})
+			m := mailer(t, b, srv.Config("Test Shop", 10*time.Second))
+			_, queued := paidWithMail(t, b)
+			row := deliver(t, b, m, queued.ID)
+			if lost.armed.Load() != 0 {
+				t.Fatal("the commit fault did not fire")
+			}
+			if row.Status != domain.MailSent || row.Attempts != 1 {
+				t.Fatalf("applied %v: after a failed record: %+v", applied, row)
+			}
+			b.clock.Advance(time.Hour)
+			deliver(t, b, m, queued.ID)
+			if n := len(srv.Received()); n != 1 {
+				t.Fatalf("applied %v: %d copies, want 1", applied, n)
+			}
+		}
+	})
+}
+
+// mailOutcomes records the outcomes a Mailer reports.
+type mailOutcomes struct {
+	mu  sync.Mutex
+	out []string
+}
+
+func (o *mailOutcomes) MailAttempted(outcome string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.out = append(o.out, outcome)
+}
+
+func (o *mailOutcomes) MailFailed() {}
+
+func (o *mailOutcomes) get() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.out...)
 }

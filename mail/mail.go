@@ -5,8 +5,12 @@
 //
 // A failed send says which of three things happened (see Outcome), since
 // that decides what a retry may do: nothing was delivered, the server
-// refused for good, or the server may have the message (the final reply to
-// the message's end was lost).
+// refused this message for good, or the server may have the message (the
+// final reply to the message's end was lost). A refusal before any message
+// (a 5xx to EHLO or AUTH: bad credentials, an address the server blocks)
+// is not the message's: it is NotSent, and Error.ServerRefused tells it
+// apart, since every other mail gets the same answer until the settings or
+// the server are fixed.
 package mail
 
 import (
@@ -16,14 +20,16 @@ import (
 	"errors"
 	"fmt"
 	htmltemplate "html/template"
-	"net"
 	"net/mail"
+	"net/textproto"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	texttemplate "text/template"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	gomail "github.com/wneessen/go-mail"
 )
@@ -171,10 +177,12 @@ type Message struct {
 type Outcome int
 
 const (
-	// NotSent: nothing was delivered (no connection, a 4xx, the link lost
-	// before the message was complete); trying again is safe.
+	// NotSent: nothing was delivered (no connection, a 4xx, a 5xx before
+	// any message, the link lost before the message was complete); trying
+	// again is safe.
 	NotSent Outcome = iota
-	// Refused: the server refused for good (5xx); trying again gets the
+	// Refused: the server refused this message for good (a 5xx to MAIL
+	// FROM, RCPT TO, DATA or the message's end); trying again gets the
 	// same answer.
 	Refused
 	// Uncertain: the whole message was handed over and the server's reply
@@ -198,10 +206,19 @@ func (o Outcome) String() string {
 type Error struct {
 	Outcome Outcome
 	Code    int    // the server's reply code, 0 when there was none
-	Detail  string // the step and the server's reply, bounded
+	Detail  string // the step and the server's reply, bounded and printable
+	// BeforeMessage: the failure came before any message was begun, while
+	// connecting (TCP, TLS, the greeting, EHLO, STARTTLS, AUTH).
+	BeforeMessage bool
 }
 
 func (e *Error) Error() string { return e.Outcome.String() + ": " + e.Detail }
+
+// ServerRefused reports whether the server refused kami itself (a 5xx
+// before any message: wrong credentials, a sender it blocks) rather than
+// this message. Such a send is NotSent: it is no answer about the buyer's
+// mail, and it ends when the settings or the server are fixed.
+func (e *Error) ServerRefused() bool { return e.BeforeMessage && e.Code >= 500 }
 
 // Send delivers m. It returns nil once the server accepted the message,
 // or an *Error.
@@ -216,7 +233,7 @@ func (s *Sender) Send(ctx context.Context, m Message) error {
 	}
 	conn, err := c.DialToSMTPClientWithContext(ctx)
 	if err != nil {
-		return dialError(err)
+		return dialError(err, m.To)
 	}
 	sendErr := c.SendWithSMTPClient(conn, msg)
 	// The connection's QUIT is not part of the delivery: an error there
@@ -228,11 +245,7 @@ func (s *Sender) Send(ctx context.Context, m Message) error {
 	if sendErr == nil {
 		return &Error{Outcome: NotSent, Detail: "the server did not confirm the message"}
 	}
-	e := sendError(sendErr)
-	// A server's refusal often names the recipient; the detail is logged
-	// and stored, and a buyer's address is neither.
-	e.Detail = strings.ReplaceAll(e.Detail, m.To, "<buyer>")
-	return e
+	return sendError(sendErr, m.To)
 }
 
 // client returns a go-mail client for one send.
@@ -252,25 +265,24 @@ func (s *Sender) client() (*gomail.Client, error) {
 	return gomail.NewClient(srv.Host, opts...)
 }
 
-// dialError is a failure before any message was sent: the connection,
-// TLS, the greeting or AUTH. A 5xx there (bad credentials) is for good.
-func dialError(err error) error {
-	code := replyCode(err)
-	out := NotSent
-	if code >= 500 {
-		out = Refused
-	}
-	return &Error{Outcome: out, Code: code, Detail: bound("connect: " + err.Error())}
+// dialError is a failure before any message was begun: the connection,
+// TLS, the greeting, EHLO, STARTTLS or AUTH. Nothing was sent, whatever
+// the code: a 5xx there answers kami (its credentials, its address), not
+// this message, and is NotSent (see Error.ServerRefused).
+func dialError(err error, to string) error {
+	return &Error{Outcome: NotSent, Code: replyCode(err), BeforeMessage: true, Detail: clean("connect: "+err.Error(), to)}
 }
 
-// sendError classifies go-mail's SendError. Only the end of the message
-// (closing the DATA writer: the final "." and its reply) can leave the
-// server holding a message without kami knowing: a lost reply there is
-// Uncertain. Every failure before it is NotSent (or Refused for a 5xx).
-func sendError(err error) *Error {
+// sendError classifies go-mail's SendError. A 5xx is a refusal of this
+// message only where it answers the message: MAIL FROM, RCPT TO, DATA or
+// the message's end. Only the end of the message (closing the DATA
+// writer: the final "." and its reply) can leave the server holding a
+// message without kami knowing: a lost reply there is Uncertain. Every
+// other failure is NotSent.
+func sendError(err error, to string) *Error {
 	var se *gomail.SendError
 	if !errors.As(err, &se) {
-		return &Error{Outcome: NotSent, Detail: bound(err.Error())}
+		return &Error{Outcome: NotSent, Detail: clean(err.Error(), to)}
 	}
 	code := se.ErrorCode()
 	detail := se.Reason.String()
@@ -279,9 +291,9 @@ func sendError(err error) *Error {
 	} else if code != 0 {
 		detail += ": " + strconv.Itoa(code)
 	}
-	e := &Error{Outcome: NotSent, Code: code, Detail: bound(detail)}
+	e := &Error{Outcome: NotSent, Code: code, Detail: clean(detail, to)}
 	switch {
-	case code >= 500:
+	case code >= 500 && answersMessage(se.Reason):
 		e.Outcome = Refused
 	case code >= 400:
 		e.Outcome = NotSent
@@ -291,22 +303,22 @@ func sendError(err error) *Error {
 	return e
 }
 
-// replyCode is the SMTP reply code in err's text ("535 5.7.8 ..."), or 0.
+// answersMessage reports whether a step's reply is the server's answer
+// about this message (its sender, its recipient, its content).
+func answersMessage(r gomail.SendErrReason) bool {
+	switch r {
+	case gomail.ErrSMTPMailFrom, gomail.ErrSMTPRcptTo, gomail.ErrSMTPData, gomail.ErrSMTPDataClose:
+		return true
+	}
+	return false
+}
+
+// replyCode is the server's reply code in a failure to connect (the
+// greeting, EHLO, STARTTLS, AUTH), or 0 when the server did not answer.
 func replyCode(err error) int {
-	var se *gomail.SendError
-	if errors.As(err, &se) {
-		return se.ErrorCode()
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return 0
-	}
-	for _, part := range strings.Fields(err.Error()) {
-		if len(part) == 3 && (part[0] == '4' || part[0] == '5') {
-			if n, err := strconv.Atoi(part); err == nil {
-				return n
-			}
-		}
+	var te *textproto.Error
+	if errors.As(err, &te) {
+		return te.Code
 	}
 	return 0
 }
@@ -332,12 +344,36 @@ func serverText(err error) string {
 	return ""
 }
 
-// bound keeps an error detail short enough to store (last_error).
-func bound(s string) string {
-	if len(s) > 400 {
-		s = s[:400]
+// clean makes an error detail fit to log and store (last_error): the
+// server's reply is whatever a hostile or broken server wrote. The
+// recipient's address, in any case (a server may echo it in capitals), is
+// replaced by "<buyer>"; invalid UTF-8, NUL and every other control or
+// format character are dropped (line breaks and tabs become spaces), since
+// a database refuses a NUL or invalid UTF-8 in text and a control
+// character can forge a log line; and it is cut to 400 bytes at a
+// character boundary.
+func clean(s, to string) string {
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\r' || r == '\t':
+			return ' '
+		case r == utf8.RuneError || unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp):
+			return -1
+		}
+		return r
+	}, s)
+	// After the characters are dropped: none can split the address.
+	if to != "" {
+		s = regexp.MustCompile(`(?i)`+regexp.QuoteMeta(to)).ReplaceAllLiteralString(s, "<buyer>")
 	}
-	return strings.ToValidUTF8(s, "?")
+	if len(s) > 400 {
+		cut := 400
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return s
 }
 
 // compose builds the message: a text part and an HTML alternative, both in

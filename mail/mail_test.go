@@ -6,10 +6,13 @@ import (
 	"io"
 	"mime"
 	"mime/multipart"
+	"net"
 	netmail "net/mail"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"kami/mail"
 	"kami/mail/mailtest"
@@ -176,5 +179,98 @@ func TestParseServer(t *testing.T) {
 	}
 	if err := mail.CheckShopName("a\r\nBcc: x@example.com"); err == nil {
 		t.Error("a shop name with a line break was accepted")
+	}
+}
+
+// TestSendRefusalBeforeMessageIsNotSent: a 5xx to EHLO or to AUTH (a wrong
+// password) refuses kami, not the buyer's mail: nothing was sent, the
+// send is NotSent (tried again later) and says the server refused.
+func TestSendRefusalBeforeMessageIsNotSent(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		gate mailtest.Gate
+		code int
+	}{"EHLO 554": {mailtest.RefuseHello, 554}, "AUTH 535": {mailtest.RefuseAuth, 535}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := mailtest.Start(t, func(int) mailtest.Answer { return mailtest.Accept })
+			srv.SetGate(func(int) mailtest.Gate { return tc.gate })
+			cfg := srv.Config("Shop", 10*time.Second)
+			cfg.Server.Username, cfg.Server.Password = "kami", "old password"
+			s, err := mail.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.Send(context.Background(), message())
+			var me *mail.Error
+			if !errors.As(err, &me) || me.Outcome != mail.NotSent || !me.ServerRefused() || me.Code != tc.code {
+				t.Fatalf("Send = %#v, want not sent, refused by the server with %d", err, tc.code)
+			}
+			if srv.Attempts() != 0 || len(srv.Received()) != 0 {
+				t.Fatal("a message was begun")
+			}
+			if tc.gate == mailtest.RefuseAuth && srv.Auths() != 1 {
+				t.Fatalf("%d AUTH commands, want 1", srv.Auths())
+			}
+		})
+	}
+	t.Run("greeting 554", func(t *testing.T) {
+		t.Parallel()
+		// go-smtp always greets with 220: a listener that says 554 and
+		// hangs up, as a server refusing the client's address does.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, "554 5.7.1 no SMTP service here\r\n")
+				_ = c.Close()
+			}
+		}()
+		s, err := mail.New(mail.Config{Server: mail.Server{Host: "127.0.0.1", Port: l.Addr().(*net.TCPAddr).Port},
+			From: &netmail.Address{Address: "codes@shop.example"}, ShopName: "Shop", Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var me *mail.Error
+		if err := s.Send(context.Background(), message()); !errors.As(err, &me) || me.Outcome != mail.NotSent || !me.ServerRefused() || me.Code != 554 {
+			t.Fatalf("Send = %#v, want not sent, refused by the server with 554", err)
+		}
+	})
+	t.Run("a refusal of the message is not the server's", func(t *testing.T) {
+		t.Parallel()
+		srv := mailtest.Start(t, func(int) mailtest.Answer { return mailtest.Refuse })
+		var me *mail.Error
+		if err := sender(t, srv, 10*time.Second).Send(context.Background(), message()); !errors.As(err, &me) || me.Outcome != mail.Refused || me.ServerRefused() {
+			t.Fatalf("Send = %#v, want refused, not by the server", err)
+		}
+	})
+}
+
+// TestSendCleansServerText: a hostile server's reply (NUL, invalid UTF-8,
+// escapes, the recipient in capitals) becomes printable UTF-8 without the
+// buyer's address, fit to store and log.
+func TestSendCleansServerText(t *testing.T) {
+	t.Parallel()
+	srv := mailtest.Start(t, func(int) mailtest.Answer { return mailtest.RefuseHostile })
+	m := message()
+	m.To = "Buyer@Example.com"
+	err := sender(t, srv, 10*time.Second).Send(context.Background(), m)
+	var me *mail.Error
+	if !errors.As(err, &me) || me.Outcome != mail.Refused || me.Code != 554 {
+		t.Fatalf("Send = %#v, want refused with 554", err)
+	}
+	d := me.Detail
+	if !utf8.ValidString(d) || strings.ContainsFunc(d, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }) {
+		t.Fatalf("detail %q holds invalid UTF-8 or control characters", d)
+	}
+	if strings.Contains(strings.ToLower(d), "buyer@example.com") || !strings.Contains(d, "<buyer>") || !strings.Contains(d, "red") {
+		t.Fatalf("detail %q: want the server's words, the buyer's address redacted", d)
 	}
 }

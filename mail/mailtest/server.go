@@ -18,10 +18,12 @@ import (
 	"net"
 	"net/mail"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/emersion/go-sasl"
 	smtp "github.com/emersion/go-smtp"
 
 	kmail "kami/mail"
@@ -42,6 +44,27 @@ const (
 	// StallBeforeData never answers the MAIL command: the client gives up
 	// before the message was sent, and nothing is stored.
 	StallBeforeData
+	// RefuseHostile is a 554 to RCPT TO whose text is what a hostile or
+	// broken server may write: the recipient in capitals, a NUL, invalid
+	// UTF-8, a terminal escape, a line break.
+	RefuseHostile
+)
+
+// HostileText is the text of RefuseHostile's reply for recipient to.
+func HostileText(to string) string {
+	return "<" + strings.ToUpper(to) + "> no\x00such\xff\xfe user \x1b[31mred\x1b[0m\rforged: line\u202e"
+}
+
+// Gate is how the server answers a connection before any message.
+type Gate int
+
+const (
+	Open Gate = iota
+	// RefuseHello answers EHLO and HELO with 554: the server will not
+	// talk to this client.
+	RefuseHello
+	// RefuseAuth answers AUTH with 535 5.7.8: the credentials are wrong.
+	RefuseAuth
 )
 
 // Received is one message the server stored.
@@ -61,6 +84,9 @@ type Server struct {
 
 	mu       sync.Mutex
 	answer   func(n int) Answer
+	gate     func(n int) Gate
+	conns    map[*smtp.Conn]Gate
+	auths    int // AUTH commands answered
 	attempts int // messages (MAIL commands) begun
 	got      []Received
 	changed  chan struct{} // closed and replaced on every change
@@ -99,8 +125,9 @@ func StartWithoutTLS(t testing.TB, answer func(n int) Answer) *Server {
 func start(t testing.TB, answer func(n int) Answer, mode int) *Server {
 	t.Helper()
 	cert, roots := selfSigned(t)
-	s := &Server{Roots: roots, answer: answer, changed: make(chan struct{}), release: make(chan struct{})}
-	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &session{s: s}, nil }))
+	s := &Server{Roots: roots, answer: answer, changed: make(chan struct{}), release: make(chan struct{}),
+		gate: func(int) Gate { return Open }, conns: map[*smtp.Conn]Gate{}}
+	srv := smtp.NewServer(smtp.BackendFunc(s.newSession))
 	srv.Domain = "localhost"
 	if mode != noTLS {
 		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
@@ -122,6 +149,39 @@ func start(t testing.TB, answer func(n int) Answer, mode int) *Server {
 		_ = srv.Close()
 	})
 	return s
+}
+
+// SetGate makes the server answer its n-th connection (counting from 1,
+// from now on: the connections that said EHLO) as gate(n) says, before
+// any message.
+func (s *Server) SetGate(gate func(n int) Gate) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gate = gate
+	s.conns = map[*smtp.Conn]Gate{}
+}
+
+// Auths is how many AUTH commands the server answered, accepted or not.
+func (s *Server) Auths() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.auths
+}
+
+// newSession starts a session at EHLO (or HELO, after a refused EHLO: the
+// same connection, answered the same way).
+func (s *Server) newSession(c *smtp.Conn) (smtp.Session, error) {
+	s.mu.Lock()
+	g, ok := s.conns[c]
+	if !ok {
+		g = s.gate(len(s.conns) + 1)
+		s.conns[c] = g
+	}
+	s.mu.Unlock()
+	if g == RefuseHello {
+		return nil, &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "no service for you"}
+	}
+	return &session{s: s, gate: g}, nil
 }
 
 // Config is a mail.Config that sends to s over STARTTLS, trusting its
@@ -172,6 +232,7 @@ func (s *Server) note(f func()) {
 
 type session struct {
 	s      *Server
+	gate   Gate
 	from   string
 	to     string
 	answer Answer
@@ -179,6 +240,21 @@ type session struct {
 
 func (x *session) Reset()        {}
 func (x *session) Logout() error { return nil }
+
+// AuthMechanisms offers PLAIN (over TLS only, as go-smtp requires); a
+// client without credentials does not use it.
+func (x *session) AuthMechanisms() []string { return []string{sasl.Plain} }
+
+// Auth accepts any credentials unless the connection's gate refuses them.
+func (x *session) Auth(string) (sasl.Server, error) {
+	return sasl.NewPlainServer(func(_, _, _ string) error {
+		x.s.note(func() { x.s.auths++ })
+		if x.gate == RefuseAuth {
+			return &smtp.SMTPError{Code: 535, EnhancedCode: smtp.EnhancedCode{5, 7, 8}, Message: "authentication credentials invalid"}
+		}
+		return nil
+	}), nil
+}
 
 func (x *session) Mail(from string, _ *smtp.MailOptions) error {
 	x.s.note(func() {
@@ -195,6 +271,9 @@ func (x *session) Mail(from string, _ *smtp.MailOptions) error {
 
 func (x *session) Rcpt(to string, _ *smtp.RcptOptions) error {
 	x.to = to
+	if x.answer == RefuseHostile {
+		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: HostileText(to)}
+	}
 	return nil
 }
 
