@@ -147,7 +147,7 @@ func clusterEvents(t *testing.T, c *redistest.Cluster, db *fakeLedger) *queue.Ev
 	t.Cleanup(func() { closeRedis() })
 	ev := queue.NewEvents(rdb, queue.NewKeys("kami-cluster-events:"), quietLogger())
 	ev.Statuses, ev.PollInterval, ev.ResyncInterval = db.Statuses, time.Hour, time.Hour
-	t.Cleanup(ev.Close)
+	closeAtEnd(t, ev)
 	return ev
 }
 
