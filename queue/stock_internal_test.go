@@ -144,6 +144,57 @@ func TestCheckGoesOnPastAFailedProduct(t *testing.T) {
 	}
 }
 
+// failGet fails the pipelined GET of key, as a pipeline fails the commands
+// of a cluster shard whose master is unreachable.
+type failGet struct{ key string }
+
+func (failGet) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (failGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h failGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "get" && c.Args()[1] == h.key {
+				c.SetErr(errors.New("dial tcp: connection refused"))
+				return c.Err()
+			}
+		}
+		return err
+	}
+}
+
+// TestCheckGoesOnPastAFailedShard: the GET of one product's counter fails
+// (its shard's master is unreachable); Check reports that product and
+// still repairs and rebuilds the others. Before, the pipeline's error
+// ended the whole pass.
+func TestCheckGoesOnPastAFailedShard(t *testing.T) {
+	t.Parallel()
+	_, rdb := miniClient(t)
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
+		return map[int64]int{7: 10, 8: 50, 9: 20}, nil
+	})
+	for id, v := range map[int64]int{7: 3, 8: 5} { // both wrong; 9 missing
+		if err := rdb.Set(ctx, keys.Stock(id), v, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb.AddHook(failGet{keys.Stock(7)})
+	rebuilt, repaired, err := g.Check(ctx, []int64{7, 8, 9})
+	if err == nil || !strings.Contains(err.Error(), "product 7") {
+		t.Errorf("Check error %v, want product 7's", err)
+	}
+	if rebuilt != 1 || repaired != 1 {
+		t.Errorf("rebuilt %d repaired %d, want 1 and 1 (products 9 and 8)", rebuilt, repaired)
+	}
+	for id, want := range map[int64]int{8: 50, 9: 20} {
+		if n, ok, err := g.Counter(ctx, id); err != nil || !ok || n != want {
+			t.Errorf("counter of product %d: %d %v %v, want %d", id, n, ok, err, want)
+		}
+	}
+}
+
 // TestTakeAndGiveBackCountOncePerOperation: a take or a give-back sent
 // twice (a cluster client resends a command whose answer timed out, and
 // the first copy still runs) moves the counter once; another operation of
