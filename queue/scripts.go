@@ -163,17 +163,40 @@ return v
 // wait as they do for a missing counter and give-backs are kept aside: the
 // rebuild's own SET can then overwrite nothing that happened since.
 //
+// The same command sent again (a cluster client resends one whose answer
+// timed out) finds the lock holding the caller's own token: it started,
+// and answers so again. Answering 0 would leave the caller to fail with
+// the counter deleted under a lock nobody uses until it expires.
+//
 // KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum
 // ARGV[1] lock token, ARGV[2] lock TTL (ms), ARGV[3] 1 to rebuild an
 // existing counter
 // Returns 1 started (the caller holds the lock and must count and set),
 // 0 another process holds the lock, 2 the counter exists (nothing to do).
 var rebuildStartScript = redis.NewScript(`
+local mine = redis.call('GET', KEYS[2]) == ARGV[1]
 local exists = redis.call('EXISTS', KEYS[1]) == 1
-if exists and ARGV[3] ~= '1' then return 2 end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if not mine then
+	if exists and ARGV[3] ~= '1' then return 2 end
+	if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+end
 redis.call('DEL', KEYS[3])
 if exists then redis.call('DEL', KEYS[1]) end
+return 1
+`)
+
+// tryLockScript takes a lock that expires after ARGV[2] ms if it is free,
+// and answers taken when it already holds the caller's token: the same
+// command sent again by a cluster client, whose first copy took it.
+//
+// KEYS[1] lock
+// ARGV[1] token, ARGV[2] TTL (ms)
+// Returns 1 taken (now, or by an earlier copy), 0 held by another.
+var tryLockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then return 1 end
+if v then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 `)
 
@@ -209,16 +232,23 @@ return 0
 `)
 
 // lockScript takes a lock that expires at ARGV[2], if it is free or its
-// holder's time ran out by ARGV[1]. The deadline is kept in the value as
-// well as in the key's TTL, so the lock also expires where keys do not
+// holder's time ran out by ARGV[1], and answers taken when it holds the
+// caller's token (the same command sent again by a cluster client, whose
+// first copy took it). The deadline is kept in the value ("deadline:token")
+// as well as in the key's TTL, so the lock also expires where keys do not
 // expire on their own (miniredis, whose clock only moves when told).
 //
 // KEYS[1] lock
-// ARGV[1] now (unix ms), ARGV[2] deadline (unix ms), ARGV[3] TTL (ms)
+// ARGV[1] now (unix ms), ARGV[2] deadline (unix ms), ARGV[3] TTL (ms),
+// ARGV[4] token
 // Returns 1 taken, 0 held by another.
 var lockScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v and tonumber(v) and tonumber(v) > tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if v then
+	local deadline, holder = string.match(v, '^(%d+):?(.*)$')
+	if holder == ARGV[4] then return 1 end
+	if deadline and tonumber(deadline) > tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[2] .. ':' .. ARGV[4], 'PX', ARGV[3])
 return 1
 `)

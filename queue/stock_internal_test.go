@@ -260,3 +260,49 @@ func miniClient(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 	t.Cleanup(func() { rdb.Close() })
 	return m, rdb
 }
+
+// TestLocksAnswerTakenToTheirOwnResend: a lock command sent twice (a
+// cluster client resends a command whose answer timed out, and the first
+// copy ran) answers taken both times, while another caller is still kept
+// out. Before, the resend answered "held by another": a rebuild then
+// failed with the counter deleted under its abandoned lock, and a sweep
+// or the nightly reconciliation was skipped by the process that held its
+// lock.
+func TestLocksAnswerTakenToTheirOwnResend(t *testing.T) {
+	t.Parallel()
+	_, rdb := miniClient(t)
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	if err := rdb.Set(ctx, keys.Stock(7), 5, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rebuildKeys := []string{keys.Stock(7), keys.StockRebuildLock(7), keys.StockRebuildPending(7)}
+	for i, want := range []int{1, 1} { // a repair, sent twice
+		if started, err := rebuildStartScript.Run(ctx, rdb, rebuildKeys, "tok", 10000, 1).Int(); err != nil || started != want {
+			t.Fatalf("rebuild start, copy %d: %d %v, want %d", i+1, started, err, want)
+		}
+	}
+	if started, err := rebuildStartScript.Run(ctx, rdb, rebuildKeys, "other", 10000, 1).Int(); err != nil || started != 0 {
+		t.Fatalf("another process's rebuild start: %d %v, want 0", started, err)
+	}
+
+	l := NewLocker(rdb, keys)
+	for i := range 2 {
+		if ok, err := l.tryLock(ctx, keys.Lock("reconcile"), "tok", time.Hour); err != nil || !ok {
+			t.Fatalf("TryLock, copy %d: %v %v, want taken", i+1, ok, err)
+		}
+	}
+	if ok, err := l.tryLock(ctx, keys.Lock("reconcile"), "other", time.Hour); err != nil || ok {
+		t.Fatalf("another process's TryLock: %v %v, want held", ok, err)
+	}
+
+	now := time.Now()
+	for i := range 2 {
+		if got, err := lockScript.Run(ctx, rdb, []string{keys.SweepLock()}, now.UnixMilli(), now.Add(time.Hour).UnixMilli(), time.Hour.Milliseconds(), "tok").Int(); err != nil || got != 1 {
+			t.Fatalf("sweep lock, copy %d: %d %v, want taken", i+1, got, err)
+		}
+	}
+	if ok, err := sweepLock(ctx, rdb, keys.SweepLock(), now, time.Hour); err != nil || ok {
+		t.Fatalf("another process's sweep lock: %v %v, want held", ok, err)
+	}
+}
