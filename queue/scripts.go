@@ -93,28 +93,37 @@ return n
 // records early.
 
 // takeScript takes ARGV[1] from a stock counter if at least that many are
-// left, once per operation id.
+// left, once per operation id. Every answer is recorded (as the member
+// "id:answer"), and a later copy of the operation gets the recorded one:
+// a copy run after its caller was told "not enough" or "missing" (and
+// refused the order, or rebuilt the counter and took under another id)
+// must not take for an order that never was.
 //
 // KEYS[1] stock counter, KEYS[2] its operations set (same hash tag)
 // ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
 // remembered (ms)
-// Returns 1 taken (now, or by an earlier copy of this operation), 0 not
-// enough, -1 the counter is missing (the caller rebuilds it from the
-// database and tries again).
+// Returns 1 taken, 0 not enough, -1 the counter is missing (the caller
+// rebuilds it from the database and tries again under another id); an
+// earlier copy's answer for a copy of the same operation.
 var takeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - keep))
-if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 1 end
-local v = redis.call('GET', KEYS[1])
-if not v then return -1 end
-if tonumber(v) >= tonumber(ARGV[1]) then
-	redis.call('DECRBY', KEYS[1], ARGV[1])
-	redis.call('ZADD', KEYS[2], now, ARGV[2])
-	redis.call('PEXPIRE', KEYS[2], keep)
-	return 1
+for _, r in ipairs({'1', '0', '-1'}) do
+	if redis.call('ZSCORE', KEYS[2], ARGV[2] .. ':' .. r) then return tonumber(r) end
 end
-return 0
+local answer = -1
+local v = redis.call('GET', KEYS[1])
+if v then
+	answer = 0
+	if tonumber(v) >= tonumber(ARGV[1]) then
+		redis.call('DECRBY', KEYS[1], ARGV[1])
+		answer = 1
+	end
+end
+redis.call('ZADD', KEYS[2], now, ARGV[2] .. ':' .. answer)
+redis.call('PEXPIRE', KEYS[2], keep)
+return answer
 `)
 
 // giveBackScript returns ARGV[1] to a stock counter, only if it exists,

@@ -306,3 +306,37 @@ func TestLocksAnswerTakenToTheirOwnResend(t *testing.T) {
 		t.Fatalf("another process's sweep lock: %v %v, want held", ok, err)
 	}
 }
+
+// TestTakeCopiesGetTheFirstAnswer: a copy of a take that runs after its
+// operation was answered "not enough" or "counter missing" (a cluster
+// client's resend, run out of order) gets that answer again and takes
+// nothing, though the counter could now serve it. Before, only a take was
+// recorded: the late copy took for an order that was refused.
+func TestTakeCopiesGetTheFirstAnswer(t *testing.T) {
+	t.Parallel()
+	_, rdb := miniClient(t)
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	g := newStockGate(rdb, keys, func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	if r, err := g.take(ctx, 7, 1, "missing"); err != nil || r != -1 {
+		t.Fatalf("take from a missing counter: %d %v, want -1", r, err)
+	}
+	if _, err := g.rebuild(ctx, 7, false); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := g.take(ctx, 7, 1, "missing"); err != nil || r != -1 {
+		t.Fatalf("the late copy of the take from a missing counter: %d %v, want -1", r, err)
+	}
+	if r, err := g.take(ctx, 7, 20, "short"); err != nil || r != 0 {
+		t.Fatalf("take of 20 from 10: %d %v, want 0", r, err)
+	}
+	if err := g.giveBack(ctx, 7, 15, "close"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := g.take(ctx, 7, 20, "short"); err != nil || r != 0 {
+		t.Fatalf("the late copy of the refused take: %d %v, want 0", r, err)
+	}
+	if n, ok, err := g.Counter(ctx, 7); err != nil || !ok || n != 25 {
+		t.Fatalf("counter %d %v %v, want 25 (10 counted + 15 given back, nothing taken)", n, ok, err)
+	}
+}
