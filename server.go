@@ -326,7 +326,7 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	events := queue.NewEvents(rdb, a.keys, logger)
 	events.Statuses, events.PollInterval = a.ledger.OrderStatuses, cfg.SubscriptionPoll
 	a.events = events
-	a.closers = append(a.closers, func(context.Context) error { events.Close(); return nil })
+	a.closers = append(a.closers, func(ctx context.Context) error { events.Close(ctx); return nil })
 	gate := queue.NewStockGate(rdb, a.keys, a.ledger)
 	a.shop = &domain.Shop{Ledger: a.ledger, Gate: gate, Scheduler: queue.NewScheduler(rdb, a.keys), Events: events,
 		Providers: reg, Log: logger, PublicBaseURL: cfg.PublicURL, PreCloseCheck: true, ProviderTimeout: cfg.ProviderTimeout, CheckRetry: cfg.CloseCheckRetry, Observer: a.metrics}

@@ -300,7 +300,7 @@ func subscriptionAcrossProcesses(t *testing.T, client func() redis.UniversalClie
 		t.Cleanup(func() { rdb.Close() })
 		ev := queue.NewEvents(rdb, keys, quietLogger())
 		ev.PollInterval, ev.ResyncInterval = time.Hour, time.Hour
-		t.Cleanup(ev.Close)
+		t.Cleanup(func() { ev.Close(context.Background()) }) // a Redis of the test, up to the end
 		return ev
 	}
 	processA, processB := newEvents(), newEvents()

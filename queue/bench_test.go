@@ -51,7 +51,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	keys := queue.NewKeys(rs.Prefix(b))
 	pe := &procEnv{db: db, ledger: l, rs: rs, keys: keys, sealer: sealer}
 	ev := queue.NewEvents(rs.Client, keys, quietLogger())
-	b.Cleanup(ev.Close)
+	closeAtEnd(b, ev)
 	shop := &domain.Shop{Ledger: l, Gate: queue.NewStockGate(rs.Client, keys, l), Scheduler: queue.NewScheduler(rs.Client, keys),
 		Events: ev, Log: quietLogger()}
 	return &benchEnv{ctx: context.Background(), pe: pe, shop: shop, events: ev}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -186,7 +187,7 @@ func (h reloadOnFailure) DialHook(next redis.DialHook) redis.DialHook { return n
 func (h reloadOnFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if layoutMayHaveChanged(err) {
+		if layoutMayHaveChanged(ctx, err) {
 			h.failures.Add(1)
 			h.c.ReloadState(ctx)
 		}
@@ -198,7 +199,7 @@ func (h reloadOnFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, cmd := range cmds {
-			if layoutMayHaveChanged(cmd.Err()) {
+			if layoutMayHaveChanged(ctx, cmd.Err()) {
 				h.failures.Add(1)
 				h.c.ReloadState(ctx)
 				break
@@ -212,9 +213,20 @@ func (h reloadOnFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // out: a master that died), or a node saying the cluster is down or the
 // slot is moving, may mean another node holds the slot now. An answer of
 // Redis to the command itself (a script's error, a missing key) does not;
-// nor does the caller giving up.
-func layoutMayHaveChanged(err error) bool {
-	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+// nor does the caller giving up (its ctx ended).
+//
+// A dial that timed out (a master gone without a trace, its packets
+// dropped) is a connection that failed, though its error matches
+// context.DeadlineExceeded as the caller's own deadline does.
+func layoutMayHaveChanged(ctx context.Context, err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" && op.Timeout() {
+		return ctx.Err() == nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var rerr redis.Error

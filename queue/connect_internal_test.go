@@ -2,6 +2,8 @@ package queue
 
 import (
 	"context"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,4 +53,39 @@ func TestClusterClientFindsTheNewMasterAfterAFailure(t *testing.T) {
 		t.Fatalf("the client's master of the key: %v %v, want %s", m, err, fresh.Addr)
 	}
 	t.Logf("%d commands failed after the cluster was ok again", failures)
+}
+
+// TestDialTimeoutIsALayoutChange: a dial that times out (a master whose
+// packets are dropped: the connect never completes) makes the cluster
+// client reload the layout at once, as a refused connection does; the
+// caller's own deadline does not. Before, the dial timeout matched
+// context.DeadlineExceeded and was taken for the caller giving up.
+func TestDialTimeoutIsALayoutChange(t *testing.T) {
+	t.Parallel()
+	// The connect never completes: it waits for the dial's own deadline.
+	d := &net.Dialer{Timeout: 50 * time.Millisecond, ControlContext: func(ctx context.Context, _, _ string, _ syscall.RawConn) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", MaxRetries: -1,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, network, addr)
+		}})
+	defer c.Close()
+	ctx := context.Background()
+	err := c.Ping(ctx).Err()
+	if err == nil {
+		t.Fatal("a dial that never connects succeeded")
+	}
+	if !layoutMayHaveChanged(ctx, err) {
+		t.Errorf("dial timeout %v: not taken as a layout change", err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if layoutMayHaveChanged(gone, err) {
+		t.Errorf("dial timeout %v of a caller who gave up: taken as a layout change", err)
+	}
+	if layoutMayHaveChanged(gone, context.DeadlineExceeded) || layoutMayHaveChanged(ctx, context.Canceled) {
+		t.Error("the caller giving up taken as a layout change")
+	}
 }

@@ -47,6 +47,16 @@ type Events struct {
 	mu      sync.RWMutex // held to send, and to close pending
 	closed  bool
 	dropped atomic.Int64
+	// abort is closed when Close gives up waiting for the publisher;
+	// sendCtx ends then too.
+	abort      chan struct{}
+	sendCtx    context.Context
+	cancelSend context.CancelFunc
+	// outstanding is how many buffered events are not published yet; once
+	// aborted, Close has counted them as dropped.
+	outMu       sync.Mutex
+	outstanding int
+	aborted     bool
 }
 
 type event struct {
@@ -75,84 +85,105 @@ func (e *Events) OrderChanged(ctx context.Context, orderNo string, status domain
 	e.once.Do(e.start)
 	select {
 	case e.pending <- event{e.keys.OrderChannel(orderNo), status}:
+		e.outMu.Lock()
+		e.outstanding++
+		e.outMu.Unlock()
 	default:
 		e.dropped.Add(1)
 	}
 }
 
 // Dropped is how many events were dropped because the buffer was full
-// (Redis slow or away).
+// (Redis slow or away), or left unpublished at Close's deadline.
 func (e *Events) Dropped() int64 { return e.dropped.Load() }
 
 func (e *Events) start() {
 	e.pending = make(chan event, 10_000)
 	e.done = make(chan struct{})
+	e.abort = make(chan struct{})
+	e.sendCtx, e.cancelSend = context.WithCancel(context.Background())
 	go e.publish()
 }
 
 // publish sends the buffered events in pipelines of up to 500. Events a
 // pipeline could not publish (the node it went to died, the cluster is
-// failing over) are sent again, after a pause that grows to a second, with
-// the next ones: an event lost on the publishing side would reach a
+// failing over) are sent again, first in the next pipeline, after a pause
+// that grows to a second: an event lost on the publishing side would reach a
 // subscriber in another process only at its next resync, a minute later.
-// A status sent again is harmless: a subscriber skips a status it has.
+// While Redis is away the pipelines stay at 500 and the pauses at a second,
+// and the events wait in the buffer (or are dropped when it is full), so
+// an outage costs one pipeline a second and one warning. A status sent
+// again is harmless: a subscriber skips a status it has.
 func (e *Events) publish() {
 	defer close(e.done)
-	ctx := context.Background()
-	var unsent []event
-	wait := 50 * time.Millisecond
+	var batch []event // the next pipeline: events not yet published first
+	wait := time.Duration(0)
+	failing := false
 	for {
-		batch := unsent
-		if len(unsent) == 0 {
+		if len(batch) == 0 {
 			ev, ok := <-e.pending
 			if !ok {
 				return
 			}
-			batch = []event{ev}
-		} else {
-			select {
-			case ev, ok := <-e.pending:
-				if !ok {
-					e.send(ctx, unsent) // the last try, at Close
-					return
-				}
-				batch = append(batch, ev)
-			case <-time.After(wait):
-			}
+			batch = append(batch, ev)
 		}
-	more:
-		for len(batch) < 500 {
+	fill:
+		for len(batch) < publishBatch {
 			select {
 			case ev, ok := <-e.pending:
 				if !ok {
-					break more
+					break fill
 				}
 				batch = append(batch, ev)
 			default:
-				break more
+				break fill
 			}
 		}
-		unsent = e.send(ctx, batch)
-		if len(unsent) == 0 {
-			wait = 50 * time.Millisecond
+		failed, err := e.send(e.sendCtx, batch)
+		if !e.published(len(batch) - len(failed)) {
+			return // Close gave up on these; it counted them
+		}
+		batch = append(batch[:0], failed...)
+		if len(failed) == 0 {
+			if failing {
+				e.log.Info("order events published again")
+			}
+			wait, failing = 0, false
 			continue
 		}
-		wait = min(2*wait, time.Second)
-		if over := len(unsent) - maxUnsent; over > 0 {
-			// The oldest go: a subscriber reads its order again at its
-			// next resync.
-			unsent = unsent[over:]
-			e.dropped.Add(int64(over))
+		if !failing {
+			e.log.Warn("order events not published; sending them again until Redis answers", "events", len(failed), "err", err)
+			failing = true
+		}
+		wait = min(max(2*wait, 50*time.Millisecond), time.Second)
+		pause := time.NewTimer(wait)
+		select {
+		case <-pause.C:
+		case <-e.abort:
+			pause.Stop()
+			return
 		}
 	}
 }
 
-// maxUnsent bounds the events kept to be published again while Redis is
-// away.
-const maxUnsent = 10_000
+// publishBatch is how many events go in one pipeline.
+const publishBatch = 500
 
-// send publishes events in one pipeline and returns those that failed.
-func (e *Events) send(ctx context.Context, events []event) []event {
+// published accounts for n events published; it reports false once Close
+// has given up (the events left are then counted as dropped by Close).
+func (e *Events) published(n int) bool {
+	e.outMu.Lock()
+	defer e.outMu.Unlock()
+	if e.aborted {
+		return false
+	}
+	e.outstanding -= n
+	return true
+}
+
+// send publishes events in one pipeline and returns those that failed,
+// with the pipeline's error.
+func (e *Events) send(ctx context.Context, events []event) ([]event, error) {
 	pipe := e.rdb.Pipeline()
 	cmds := make([]*redis.IntCmd, len(events))
 	for i, ev := range events {
@@ -160,7 +191,7 @@ func (e *Events) send(ctx context.Context, events []event) []event {
 	}
 	_, err := pipe.Exec(ctx)
 	if err == nil {
-		return nil
+		return nil, nil
 	}
 	var failed []event
 	for i, c := range cmds {
@@ -168,14 +199,16 @@ func (e *Events) send(ctx context.Context, events []event) []event {
 			failed = append(failed, events[i])
 		}
 	}
-	e.log.Warn("order events not published; sending them again", "events", len(failed), "err", err)
-	return failed
+	return failed, err
 }
 
 // Close publishes what is buffered, stops the publisher and the shared
 // subscription. Subscriptions still open hear nothing more; they end with
-// their contexts.
-func (e *Events) Close() {
+// their contexts. It waits for the buffer to be published until ctx ends
+// (the shutdown's deadline): while Redis is away it would wait forever.
+// What is left then is dropped, counted in Dropped and logged once; a
+// subscriber reads its order again at its next resync.
+func (e *Events) Close(ctx context.Context) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -185,7 +218,20 @@ func (e *Events) Close() {
 	e.once.Do(e.start)
 	close(e.pending)
 	e.mu.Unlock()
-	<-e.done
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+		e.outMu.Lock()
+		e.aborted = true
+		left := e.outstanding
+		e.outstanding = 0
+		e.outMu.Unlock()
+		close(e.abort)
+		// A send in flight ends with it, or when the client is closed.
+		e.cancelSend()
+		e.dropped.Add(int64(left))
+		e.log.Warn("order events not published before the shutdown deadline; dropped", "events", left)
+	}
 	e.hubMu.Lock()
 	h := e.hub
 	e.hubClosed = true

@@ -3,6 +3,8 @@ package queue_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -55,8 +57,76 @@ func privateEvents(t *testing.T, r *redistest.Private, db *fakeLedger, poll time
 	t.Cleanup(func() { closeRedis() })
 	ev := queue.NewEvents(rdb, queue.NewKeys("kami-events-test:"), quietLogger())
 	ev.Statuses, ev.PollInterval, ev.ResyncInterval = db.Statuses, poll, time.Hour
-	t.Cleanup(ev.Close)
+	closeAtEnd(t, ev)
 	return ev, rdb
+}
+
+// closeAtEnd closes ev when the test ends, with a bound for a hang.
+func closeAtEnd(t testing.TB, ev *queue.Events) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		ev.Close(ctx)
+	})
+}
+
+// silentRedis accepts connections and never answers on them: a Redis that
+// hangs (a black-holed master, a stalled node), closed when the test ends.
+func silentRedis(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go io.Copy(io.Discard, c)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestEventsCloseHonoursItsDeadline: 3,000 events wait to be published to
+// a Redis that never answers; Close returns once its context ends, and the
+// events it leaves are counted as dropped. Before, Close waited until the
+// buffer was empty: a shutdown hung as long as Redis did.
+func TestEventsCloseHonoursItsDeadline(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: silentRedis(t), ReadTimeout: -1, WriteTimeout: -1, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	ev := queue.NewEvents(rdb, queue.NewKeys("kami-events-test:"), quietLogger())
+	for i := range 3000 {
+		ev.OrderChanged(t.Context(), fmt.Sprintf("O%04d", i), domain.OrderPaid)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	closed := make(chan struct{})
+	go func() { ev.Close(ctx); close(closed) }()
+	cancel() // the shutdown's deadline has come
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second): // a bound for a hang, never a speed
+		t.Fatal("Close did not return after its context ended")
+	}
+	if n := ev.Dropped(); n != 3000 {
+		t.Fatalf("dropped %d events, want the 3000 never published", n)
+	}
 }
 
 // waitFor reads ch until it yields want.

@@ -44,7 +44,7 @@ func startKamiProc(t *testing.T, c *redistest.Cluster, db *bun.DB, keys queue.Ke
 	p.sched = queue.NewScheduler(rdb, keys)
 	p.events = queue.NewEvents(rdb, keys, quietLogger())
 	p.events.Statuses = p.ledger.OrderStatuses
-	t.Cleanup(p.events.Close)
+	closeAtEnd(t, p.events)
 	sb, err := sandbox.New(sandbox.Config{Secret: "test-secret", BaseURL: "http://127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)

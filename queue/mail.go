@@ -190,8 +190,8 @@ func (w *MailWorker) sweepLocked() {
 	}
 	ttl := max(w.cfg.SweepEvery/2, time.Second)
 	now := time.Now()
-	got, err := lockScript.Run(w.ctx, w.rdb, []string{w.keys.MailSweepLock()}, now.UnixMilli(), now.Add(ttl).UnixMilli(), ttl.Milliseconds()).Int()
-	if err != nil || got == 0 {
+	got, err := sweepLock(w.ctx, w.rdb, w.keys.MailSweepLock(), now, ttl)
+	if err != nil || !got {
 		if err != nil {
 			w.redisErrs.Add(1)
 		}

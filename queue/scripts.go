@@ -93,28 +93,37 @@ return n
 // records early.
 
 // takeScript takes ARGV[1] from a stock counter if at least that many are
-// left, once per operation id.
+// left, once per operation id. Every answer is recorded (as the member
+// "id:answer"), and a later copy of the operation gets the recorded one:
+// a copy run after its caller was told "not enough" or "missing" (and
+// refused the order, or rebuilt the counter and took under another id)
+// must not take for an order that never was.
 //
 // KEYS[1] stock counter, KEYS[2] its operations set (same hash tag)
 // ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
 // remembered (ms)
-// Returns 1 taken (now, or by an earlier copy of this operation), 0 not
-// enough, -1 the counter is missing (the caller rebuilds it from the
-// database and tries again).
+// Returns 1 taken, 0 not enough, -1 the counter is missing (the caller
+// rebuilds it from the database and tries again under another id); an
+// earlier copy's answer for a copy of the same operation.
 var takeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - keep))
-if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 1 end
-local v = redis.call('GET', KEYS[1])
-if not v then return -1 end
-if tonumber(v) >= tonumber(ARGV[1]) then
-	redis.call('DECRBY', KEYS[1], ARGV[1])
-	redis.call('ZADD', KEYS[2], now, ARGV[2])
-	redis.call('PEXPIRE', KEYS[2], keep)
-	return 1
+for _, r in ipairs({'1', '0', '-1'}) do
+	if redis.call('ZSCORE', KEYS[2], ARGV[2] .. ':' .. r) then return tonumber(r) end
 end
-return 0
+local answer = -1
+local v = redis.call('GET', KEYS[1])
+if v then
+	answer = 0
+	if tonumber(v) >= tonumber(ARGV[1]) then
+		redis.call('DECRBY', KEYS[1], ARGV[1])
+		answer = 1
+	end
+end
+redis.call('ZADD', KEYS[2], now, ARGV[2] .. ':' .. answer)
+redis.call('PEXPIRE', KEYS[2], keep)
+return answer
 `)
 
 // giveBackScript returns ARGV[1] to a stock counter, only if it exists,
@@ -163,17 +172,40 @@ return v
 // wait as they do for a missing counter and give-backs are kept aside: the
 // rebuild's own SET can then overwrite nothing that happened since.
 //
+// The same command sent again (a cluster client resends one whose answer
+// timed out) finds the lock holding the caller's own token: it started,
+// and answers so again. Answering 0 would leave the caller to fail with
+// the counter deleted under a lock nobody uses until it expires.
+//
 // KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum
 // ARGV[1] lock token, ARGV[2] lock TTL (ms), ARGV[3] 1 to rebuild an
 // existing counter
 // Returns 1 started (the caller holds the lock and must count and set),
 // 0 another process holds the lock, 2 the counter exists (nothing to do).
 var rebuildStartScript = redis.NewScript(`
+local mine = redis.call('GET', KEYS[2]) == ARGV[1]
 local exists = redis.call('EXISTS', KEYS[1]) == 1
-if exists and ARGV[3] ~= '1' then return 2 end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if not mine then
+	if exists and ARGV[3] ~= '1' then return 2 end
+	if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+end
 redis.call('DEL', KEYS[3])
 if exists then redis.call('DEL', KEYS[1]) end
+return 1
+`)
+
+// tryLockScript takes a lock that expires after ARGV[2] ms if it is free,
+// and answers taken when it already holds the caller's token: the same
+// command sent again by a cluster client, whose first copy took it.
+//
+// KEYS[1] lock
+// ARGV[1] token, ARGV[2] TTL (ms)
+// Returns 1 taken (now, or by an earlier copy), 0 held by another.
+var tryLockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then return 1 end
+if v then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 `)
 
@@ -209,16 +241,23 @@ return 0
 `)
 
 // lockScript takes a lock that expires at ARGV[2], if it is free or its
-// holder's time ran out by ARGV[1]. The deadline is kept in the value as
-// well as in the key's TTL, so the lock also expires where keys do not
+// holder's time ran out by ARGV[1], and answers taken when it holds the
+// caller's token (the same command sent again by a cluster client, whose
+// first copy took it). The deadline is kept in the value ("deadline:token")
+// as well as in the key's TTL, so the lock also expires where keys do not
 // expire on their own (miniredis, whose clock only moves when told).
 //
 // KEYS[1] lock
-// ARGV[1] now (unix ms), ARGV[2] deadline (unix ms), ARGV[3] TTL (ms)
+// ARGV[1] now (unix ms), ARGV[2] deadline (unix ms), ARGV[3] TTL (ms),
+// ARGV[4] token
 // Returns 1 taken, 0 held by another.
 var lockScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v and tonumber(v) and tonumber(v) > tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if v then
+	local deadline, holder = string.match(v, '^(%d+):?(.*)$')
+	if holder == ARGV[4] then return 1 end
+	if deadline and tonumber(deadline) > tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[2] .. ':' .. ARGV[4], 'PX', ARGV[3])
 return 1
 `)

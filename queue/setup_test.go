@@ -74,7 +74,7 @@ func newEnv(t testing.TB, db *bun.DB, rs *redistest.Server, cfg domain.Config) *
 	e.gate.RebuildWait = domaintest.MinPatience
 	e.sched = queue.NewScheduler(rs.Client, e.keys)
 	e.events = queue.NewEvents(rs.Client, e.keys, quietLogger())
-	t.Cleanup(e.events.Close)
+	closeAtEnd(t, e.events)
 	e.shop = &domain.Shop{Ledger: e.ledger, Gate: e.gate, Scheduler: e.sched, Events: e.events, Log: quietLogger()}
 	return e
 }

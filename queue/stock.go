@@ -236,9 +236,9 @@ func (g *StockGate) Check(ctx context.Context, ids []int64) (rebuilt, repaired i
 	for i, id := range ids {
 		gets[i] = pipe.Get(ctx, g.keys.Stock(id))
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return 0, 0, err
-	}
+	// Each GET is judged by its own error below: in a cluster one shard
+	// failing (its master dying) fails only the products it holds.
+	pipe.Exec(ctx)
 	counts, err := g.count(ctx, ids...)
 	if err != nil {
 		return 0, 0, fmt.Errorf("count stock: %w", err)

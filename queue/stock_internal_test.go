@@ -127,6 +127,18 @@ func TestCheckGoesOnPastAFailedProduct(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 9: missing, free to rebuild.
+	checkAllButProduct7(t, g)
+	if m.Exists(keys.Stock(7)) {
+		t.Error("product 7's counter was built while another process held its rebuild lock")
+	}
+}
+
+// checkAllButProduct7 runs Check over products 7 (which fails), 8 (wrong,
+// 50 in the database) and 9 (missing, 20), and asserts that 8 and 9 are
+// set right and product 7's failure is reported.
+func checkAllButProduct7(t *testing.T, g *StockGate) {
+	t.Helper()
+	ctx := context.Background()
 	rebuilt, repaired, err := g.Check(ctx, []int64{7, 8, 9})
 	if err == nil || !strings.Contains(err.Error(), "product 7") {
 		t.Errorf("Check error %v, want product 7's", err)
@@ -139,9 +151,46 @@ func TestCheckGoesOnPastAFailedProduct(t *testing.T) {
 			t.Errorf("counter of product %d: %d %v %v, want %d", id, n, ok, err, want)
 		}
 	}
-	if m.Exists(keys.Stock(7)) {
-		t.Error("product 7's counter was built while another process held its rebuild lock")
+}
+
+// failGet fails the pipelined GET of key, as a pipeline fails the commands
+// of a cluster shard whose master is unreachable.
+type failGet struct{ key string }
+
+func (failGet) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (failGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h failGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "get" && c.Args()[1] == h.key {
+				c.SetErr(errors.New("dial tcp: connection refused"))
+				return c.Err()
+			}
+		}
+		return err
 	}
+}
+
+// TestCheckGoesOnPastAFailedShard: the GET of one product's counter fails
+// (its shard's master is unreachable); Check reports that product and
+// still repairs and rebuilds the others. Before, the pipeline's error
+// ended the whole pass.
+func TestCheckGoesOnPastAFailedShard(t *testing.T) {
+	t.Parallel()
+	_, rdb := miniClient(t)
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
+		return map[int64]int{7: 10, 8: 50, 9: 20}, nil
+	})
+	for id, v := range map[int64]int{7: 3, 8: 5} { // both wrong; 9 missing
+		if err := rdb.Set(ctx, keys.Stock(id), v, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb.AddHook(failGet{keys.Stock(7)})
+	checkAllButProduct7(t, g)
 }
 
 // TestTakeAndGiveBackCountOncePerOperation: a take or a give-back sent
@@ -210,4 +259,84 @@ func miniClient(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	return m, rdb
+}
+
+// TestLocksAnswerTakenToTheirOwnResend: a lock command sent twice (a
+// cluster client resends a command whose answer timed out, and the first
+// copy ran) answers taken both times, while another caller is still kept
+// out. Before, the resend answered "held by another": a rebuild then
+// failed with the counter deleted under its abandoned lock, and a sweep
+// or the nightly reconciliation was skipped by the process that held its
+// lock.
+func TestLocksAnswerTakenToTheirOwnResend(t *testing.T) {
+	t.Parallel()
+	_, rdb := miniClient(t)
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	if err := rdb.Set(ctx, keys.Stock(7), 5, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rebuildKeys := []string{keys.Stock(7), keys.StockRebuildLock(7), keys.StockRebuildPending(7)}
+	for i, want := range []int{1, 1} { // a repair, sent twice
+		if started, err := rebuildStartScript.Run(ctx, rdb, rebuildKeys, "tok", 10000, 1).Int(); err != nil || started != want {
+			t.Fatalf("rebuild start, copy %d: %d %v, want %d", i+1, started, err, want)
+		}
+	}
+	if started, err := rebuildStartScript.Run(ctx, rdb, rebuildKeys, "other", 10000, 1).Int(); err != nil || started != 0 {
+		t.Fatalf("another process's rebuild start: %d %v, want 0", started, err)
+	}
+
+	l := NewLocker(rdb, keys)
+	for i := range 2 {
+		if ok, err := l.tryLock(ctx, keys.Lock("reconcile"), "tok", time.Hour); err != nil || !ok {
+			t.Fatalf("TryLock, copy %d: %v %v, want taken", i+1, ok, err)
+		}
+	}
+	if ok, err := l.tryLock(ctx, keys.Lock("reconcile"), "other", time.Hour); err != nil || ok {
+		t.Fatalf("another process's TryLock: %v %v, want held", ok, err)
+	}
+
+	now := time.Now()
+	for i := range 2 {
+		if got, err := lockScript.Run(ctx, rdb, []string{keys.SweepLock()}, now.UnixMilli(), now.Add(time.Hour).UnixMilli(), time.Hour.Milliseconds(), "tok").Int(); err != nil || got != 1 {
+			t.Fatalf("sweep lock, copy %d: %d %v, want taken", i+1, got, err)
+		}
+	}
+	if ok, err := sweepLock(ctx, rdb, keys.SweepLock(), now, time.Hour); err != nil || ok {
+		t.Fatalf("another process's sweep lock: %v %v, want held", ok, err)
+	}
+}
+
+// TestTakeCopiesGetTheFirstAnswer: a copy of a take that runs after its
+// operation was answered "not enough" or "counter missing" (a cluster
+// client's resend, run out of order) gets that answer again and takes
+// nothing, though the counter could now serve it. Before, only a take was
+// recorded: the late copy took for an order that was refused.
+func TestTakeCopiesGetTheFirstAnswer(t *testing.T) {
+	t.Parallel()
+	_, rdb := miniClient(t)
+	ctx := context.Background()
+	keys := NewKeys("t:")
+	g := newStockGate(rdb, keys, func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	if r, err := g.take(ctx, 7, 1, "missing"); err != nil || r != -1 {
+		t.Fatalf("take from a missing counter: %d %v, want -1", r, err)
+	}
+	if _, err := g.rebuild(ctx, 7, false); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := g.take(ctx, 7, 1, "missing"); err != nil || r != -1 {
+		t.Fatalf("the late copy of the take from a missing counter: %d %v, want -1", r, err)
+	}
+	if r, err := g.take(ctx, 7, 20, "short"); err != nil || r != 0 {
+		t.Fatalf("take of 20 from 10: %d %v, want 0", r, err)
+	}
+	if err := g.giveBack(ctx, 7, 15, "close"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := g.take(ctx, 7, 20, "short"); err != nil || r != 0 {
+		t.Fatalf("the late copy of the refused take: %d %v, want 0", r, err)
+	}
+	if n, ok, err := g.Counter(ctx, 7); err != nil || !ok || n != 25 {
+		t.Fatalf("counter %d %v %v, want 25 (10 counted + 15 given back, nothing taken)", n, ok, err)
+	}
 }

@@ -212,8 +212,8 @@ func (w *WebhookWorkers) sweepLocked() {
 	}
 	ttl := max(w.cfg.SweepEvery/2, time.Second)
 	now := time.Now()
-	got, err := lockScript.Run(w.ctx, w.rdb, []string{w.keys.WebhookSweepLock()}, now.UnixMilli(), now.Add(ttl).UnixMilli(), ttl.Milliseconds()).Int()
-	if err != nil || got == 0 {
+	got, err := sweepLock(w.ctx, w.rdb, w.keys.WebhookSweepLock(), now, ttl)
+	if err != nil || !got {
 		return // Redis down: there is no queue to rebuild
 	}
 	if _, err := w.Sweep(w.ctx); err != nil {

@@ -476,8 +476,8 @@ func (w *Workers) sweepLocked() {
 	}
 	ttl := max(w.cfg.SweepEvery/2, time.Second)
 	now := time.Now()
-	got, err := lockScript.Run(w.ctx, w.rdb, []string{w.keys.SweepLock()}, now.UnixMilli(), now.Add(ttl).UnixMilli(), ttl.Milliseconds()).Int()
-	if err == nil && got == 0 {
+	got, err := sweepLock(w.ctx, w.rdb, w.keys.SweepLock(), now, ttl)
+	if err == nil && !got {
 		return
 	}
 	if _, err := w.Sweep(w.ctx); err != nil {

@@ -23,8 +23,6 @@ type Cluster struct {
 	Nodes []*Private
 	// URL is the node list as KAMI_REDIS_URL takes it: host:port,host:port,…
 	URL string
-	// busPorts are the nodes' cluster bus ports, in the order of Nodes.
-	busPorts []string
 }
 
 // ClusterNodeTimeout is the cluster's cluster-node-timeout: how long a
@@ -43,8 +41,7 @@ func StartCluster(t testing.TB) *Cluster {
 	c := &Cluster{t: t}
 	var addrs []string
 	for range 6 {
-		_, busPort, _ := net.SplitHostPort(freeAddr(t))
-		n := startPrivate(t, "--cluster-enabled", "yes", "--cluster-port", busPort,
+		n := startPrivate(t, true, "--cluster-enabled", "yes",
 			"--cluster-node-timeout", strconv.FormatInt(ClusterNodeTimeout.Milliseconds(), 10),
 			// A replica takes over however long ago it last heard its
 			// master: in a test the master was killed a moment ago.
@@ -55,7 +52,6 @@ func StartCluster(t testing.TB) *Cluster {
 			// DEBUG SLEEP stalls a node, as a busy or swapping master does.
 			"--enable-debug-command", "local")
 		c.Nodes = append(c.Nodes, n)
-		c.busPorts = append(c.busPorts, busPort)
 		addrs = append(addrs, n.Addr)
 	}
 	c.URL = strings.Join(addrs, ",")
@@ -104,7 +100,7 @@ func (c *Cluster) create(ctx context.Context) error {
 		}
 		for _, p := range peers {
 			host, port, _ := net.SplitHostPort(c.Nodes[p].Addr)
-			if err := cl.Do(ctx, "CLUSTER", "MEET", host, port, c.busPorts[p]).Err(); err != nil {
+			if err := cl.Do(ctx, "CLUSTER", "MEET", host, port, c.Nodes[p].busPort).Err(); err != nil {
 				return fmt.Errorf("MEET %s: %w", c.Nodes[p].Addr, err)
 			}
 		}

@@ -2,10 +2,12 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +23,14 @@ type Private struct {
 	Addr string // host:port
 	URL  string // redis://host:port/0
 	cmd  *exec.Cmd
+	// exited is closed once cmd has exited.
+	exited chan struct{}
+	// started: the server ran once; it keeps its ports from then on.
+	started bool
 	// args are added to redis-server's command line (a cluster node's).
 	args []string
+	// busPort is a cluster node's cluster bus port ("" for a plain server).
+	busPort string
 }
 
 // StartPrivate starts a redis-server for the test (nothing kept on disk),
@@ -31,16 +39,27 @@ type Private struct {
 func StartPrivate(t testing.TB) *Private {
 	t.Helper()
 	needServer(t)
-	return startPrivate(t)
+	return startPrivate(t, false)
 }
 
-func startPrivate(t testing.TB, args ...string) *Private {
+// startPrivate starts a server with args added to its command line; a
+// cluster node gets a free cluster bus port too.
+func startPrivate(t testing.TB, clusterNode bool, args ...string) *Private {
 	t.Helper()
-	addr := freeAddr(t)
-	p := &Private{t: t, Addr: addr, URL: "redis://" + addr + "/0", args: args}
+	p := &Private{t: t, args: args}
+	p.pickPorts(clusterNode)
 	p.Start()
 	t.Cleanup(p.Stop)
 	return p
+}
+
+// pickPorts gives the server ports nobody listens on now.
+func (p *Private) pickPorts(clusterNode bool) {
+	p.Addr = freeAddr(p.t)
+	p.URL = "redis://" + p.Addr + "/0"
+	if clusterNode {
+		_, p.busPort, _ = net.SplitHostPort(freeAddr(p.t))
+	}
 }
 
 // needServer skips the test when the machine has no redis-server, unless
@@ -55,7 +74,9 @@ func needServer(t testing.TB) {
 	}
 }
 
-// freeAddr is a 127.0.0.1 address with a port nobody listens on now.
+// freeAddr is a 127.0.0.1 address with a port nobody listens on now. Another
+// process may take it before the server binds it: Start makes sure the
+// server answering is its own.
 func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -66,32 +87,69 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-// Start starts the server on its port and waits until it answers.
+// Start starts the server on its port and waits until it answers, as
+// itself: the server answering on the port must be the process started
+// (INFO server's process_id), not another test's that took the port
+// between freeAddr and the bind. When the port (or the bus port) was
+// taken, the server exits; at its first start it is started again on other
+// ports, a few times. A restart keeps its ports, which the test holds.
 func (p *Private) Start() {
 	p.t.Helper()
 	if p.cmd != nil {
 		p.t.Fatal("redistest: the private Redis is already running")
 	}
+	for attempt := 1; ; attempt++ {
+		err := p.start()
+		if err == nil {
+			p.started = true
+			return
+		}
+		if p.started || attempt == 5 {
+			p.t.Fatalf("the private redis-server on %s: %v", p.Addr, err)
+		}
+		p.pickPorts(p.busPort != "")
+	}
+}
+
+// start runs redis-server once and waits until it answers as itself; it
+// reports why not (it exited: its port was taken).
+func (p *Private) start() error {
 	_, port, _ := net.SplitHostPort(p.Addr)
 	args := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--protected-mode", "no", "--dir", p.t.TempDir()}, p.args...)
-	p.cmd = exec.Command("redis-server", args...)
-	dieWithTest(p.cmd)
-	if err := p.cmd.Start(); err != nil {
+	if p.busPort != "" {
+		args = append(args, "--cluster-port", p.busPort)
+	}
+	cmd := exec.Command("redis-server", args...)
+	dieWithTest(cmd)
+	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("redis-server: %v", err)
 	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	p.cmd, p.exited = cmd, exited
+	want := "process_id:" + strconv.Itoa(cmd.Process.Pid) + "\r\n"
 	c := p.client()
 	defer c.Close()
 	deadline := time.Now().Add(2 * time.Minute) // a start on a busy machine
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
+		info, err := c.Info(ctx, "server").Result()
 		cancel()
+		if err == nil && strings.Contains(info, want) {
+			return nil
+		}
 		if err == nil {
-			return
+			err = errors.New("another server answers on its port")
+		}
+		select {
+		case <-exited:
+			p.cmd, p.exited = nil, nil
+			return fmt.Errorf("redis-server exited (%v); last answer on its port: %w", cmd.ProcessState, err)
+		default:
 		}
 		if time.Now().After(deadline) {
-			p.t.Fatalf("the private redis-server on %s does not answer: %v", p.Addr, err)
+			return fmt.Errorf("does not answer as itself: %w", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -103,8 +161,8 @@ func (p *Private) Stop() {
 		return
 	}
 	p.cmd.Process.Kill()
-	p.cmd.Wait()
-	p.cmd = nil
+	<-p.exited
+	p.cmd, p.exited = nil, nil
 }
 
 // Clients is how many client connections the server has, besides the one
