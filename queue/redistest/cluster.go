@@ -158,12 +158,7 @@ func (c *Cluster) WaitOK() {
 func (c *Cluster) takeOverDeadMasters() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	running := map[string]bool{}
-	for _, n := range c.Nodes {
-		if n.Running() {
-			running[n.Addr] = true
-		}
-	}
+	running := c.running()
 	for _, n := range c.Nodes {
 		if !running[n.Addr] {
 			continue
@@ -181,6 +176,17 @@ func (c *Cluster) takeOverDeadMasters() {
 	}
 }
 
+// running is the addresses of the nodes that are running.
+func (c *Cluster) running() map[string]bool {
+	running := map[string]bool{}
+	for _, n := range c.Nodes {
+		if n.Running() {
+			running[n.Addr] = true
+		}
+	}
+	return running
+}
+
 // field is the value of name in an INFO answer ("" when absent).
 func field(info, name string) string {
 	for _, line := range strings.Split(info, "\n") {
@@ -195,12 +201,7 @@ func field(info, name string) string {
 func (c *Cluster) notOK() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	running := map[string]bool{}
-	for _, n := range c.Nodes {
-		if n.Running() {
-			running[n.Addr] = true
-		}
-	}
+	running := c.running()
 	allRunning := len(running) == len(c.Nodes)
 	synced := 0
 	for _, n := range c.Nodes {
