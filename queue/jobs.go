@@ -51,6 +51,20 @@ func (j *jobs) begin(ctx context.Context, what string) error {
 	return nil
 }
 
+// startQueueJobs starts the jobs of a worker over one delay queue: its
+// drain every second, lease recovery every cfg.RecoverEvery, its sweeper
+// every cfg.SweepEvery and once now, in the background.
+func (j *jobs) startQueueJobs(ctx context.Context, what string, log *slog.Logger, cfg Config, drain, recoverLeases, sweep func()) error {
+	if err := j.begin(ctx, what); err != nil {
+		return err
+	}
+	return j.run(log, what, []cronJob{
+		{"* * * * * *", drain},
+		{every(cfg.RecoverEvery), recoverLeases},
+		{every(cfg.SweepEvery), sweep},
+	}, sweep)
+}
+
 // run starts the cron jobs and each background loop in its own goroutine.
 func (j *jobs) run(log *slog.Logger, what string, specs []cronJob, background ...func()) error {
 	lg := cronLogger{log}

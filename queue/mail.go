@@ -98,14 +98,7 @@ func (w *MailWorker) QueueStats(ctx context.Context) (QueueStats, error) {
 // Start starts the drain, lease recovery and the sweeper, and sweeps once
 // in the background.
 func (w *MailWorker) Start(ctx context.Context) error {
-	if err := w.begin(ctx, "mail worker"); err != nil {
-		return err
-	}
-	return w.run(w.log, "mail worker", []cronJob{
-		{"* * * * * *", w.Drain},
-		{every(w.cfg.RecoverEvery), w.recoverLeases},
-		{every(w.cfg.SweepEvery), w.sweepLocked},
-	}, w.sweepLocked)
+	return w.startQueueJobs(ctx, "mail worker", w.log, w.cfg, w.Drain, w.recoverLeases, w.sweepLocked)
 }
 
 // Stop stops the jobs and waits for the attempts under way. If ctx ends

@@ -83,14 +83,7 @@ func (w *WebhookWorkers) QueueStats(ctx context.Context) (QueueStats, error) {
 // Start starts the jobs: the drain every second, lease recovery every
 // RecoverEvery, the sweeper every SweepEvery and once now.
 func (w *WebhookWorkers) Start(ctx context.Context) error {
-	if err := w.begin(ctx, "webhook workers"); err != nil {
-		return err
-	}
-	return w.run(w.log, "webhook workers", []cronJob{
-		{"* * * * * *", w.Drain},
-		{every(w.cfg.RecoverEvery), w.recoverLeases},
-		{every(w.cfg.SweepEvery), w.sweepLocked},
-	}, w.sweepLocked)
+	return w.startQueueJobs(ctx, "webhook workers", w.log, w.cfg, w.Drain, w.recoverLeases, w.sweepLocked)
 }
 
 // Stop stops the jobs and waits for the attempts in flight; if ctx ends
