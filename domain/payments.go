@@ -723,7 +723,7 @@ func (l *Ledger) RefundAwaiting(ctx context.Context, refundNo string, attempt in
 		now := l.now()
 		sets := []column{col("last_error = ?", truncate(detail, 512)), col("next_retry_at = ?", l.DBTime().Add(l.refundPoll()))}
 		if providerRefundID != "" {
-			sets = append(sets, col("provider_refund_id = ?", providerRefundID))
+			sets = append(sets, col("provider_refund_id = ?", truncate(providerRefundID, 64)))
 		}
 		if _, err := apply(ctx, tx, RefundAwait, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
 			return whereRefundNo(refundNo)(q).Where("retry_count = ?", attempt)

@@ -9,6 +9,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/providers"
 	"kami/providers/fault"
 )
 
@@ -186,6 +187,68 @@ func TestUnconfirmedRefundNeverFailsBlind(t *testing.T) {
 				}
 				sb.mustAudit(t)
 			})
+		}
+	})
+}
+
+// TestUnconfirmedRefundStaysOpenWhileItsProviderIsOff: a refund whose
+// answer was lost (the gateway made it) while its provider is then turned
+// off for a while (a deploy without its keys) is not a refusal by the
+// gateway: it stays PROCESSING past the backoff, raises no refund_failed,
+// and once the provider is back the first look records it SUCCEEDED,
+// refunded once. A refund the gateway accepted with an over-long id is
+// recorded all the same (the id cut to its column).
+func TestUnconfirmedRefundStaysOpenWhileItsProviderIsOff(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		gw := alipayGateway(t)
+		backoff := []time.Duration{time.Minute}
+		sb := newStatementBundle(t, db, gw, domain.Config{RefundBackoff: backoff})
+		o := sb.place(t)
+		sb.deliver(t, gw.pay(t, o.OrderNo, o.AmountFen))
+		gw.fault(fault.OpRefund, fault.TimeoutAfterEffect, 1)
+		r, err := sb.shop.RequestRefund(sb.ctx, o.OrderNo, "buyer asked", "admin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo); err != nil || cur.Status != domain.RefundProcessing {
+			t.Fatalf("the lost answer: %+v, %v", cur, err)
+		}
+		enabled := sb.shop.Providers
+		sb.shop.Providers = providers.NewRegistry()
+		for i := range len(backoff) + 3 {
+			cur, _ := sb.ledger.Refund(sb.ctx, r.RefundNo)
+			sb.clock.Advance(cur.NextRetryAt.Sub(sb.clock.Now()))
+			cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cur.Status != domain.RefundProcessing {
+				t.Fatalf("attempt %d with the provider off: %s (%q); the gateway made this refund", i+2, cur.Status, cur.LastError)
+			}
+		}
+		if n := sb.alerts.count("refund_failed"); n != 0 {
+			t.Fatalf("%d refund_failed alerts for a refund the gateway made", n)
+		}
+		sb.shop.Providers = enabled
+		cur, _ := sb.ledger.Refund(sb.ctx, r.RefundNo)
+		sb.clock.Advance(cur.NextRetryAt.Sub(sb.clock.Now()))
+		if cur, err := sb.shop.ProcessRefund(sb.ctx, r.RefundNo); err != nil || cur.Status != domain.RefundSucceeded {
+			t.Fatalf("the provider back: %+v, %v", cur, err)
+		}
+		if fen, calls := gw.refunded(r.RefundNo); fen != o.AmountFen || calls != 1 {
+			t.Fatalf("the gateway refunded %d fen in %d calls, want %d in one", fen, calls, o.AmountFen)
+		}
+
+		// An accepted refund's id longer than its column, or with a NUL.
+		o2 := sb.place(t)
+		sb.deliver(t, gw.pay(t, o2.OrderNo, o2.AmountFen))
+		r2, err := sb.shop.RequestRefund(sb.ctx, o2.OrderNo, "buyer asked", "admin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := sb.ledger.RefundAwaiting(sb.ctx, r2.RefundNo, 0, strings.Repeat("R", 65)+"\x00", "accepted"); err != nil || got.Status != domain.RefundProcessing || len(got.ProviderRefundID) != 64 {
+			t.Fatalf("an over-long accepted refund id: %+v, %v", got, err)
 		}
 	})
 }

@@ -856,15 +856,23 @@ func (s *Shop) ProcessRefund(ctx context.Context, refundNo string) (*Refund, err
 	if r.Status != RefundProcessing || r.NextRetryAt.After(s.Ledger.DBTime().Add(time.Second)) {
 		return r, nil
 	}
+	// A refund that may have been sent before (an attempt failed or was
+	// left unknown, the provider accepted it and is still processing it,
+	// or an admin retried a FAILED one: its attempts' last error is kept)
+	// is asked about before anything is sent again.
+	sentBefore := r.RetryCount > 0 || r.ProviderRefundID != "" || r.LastError != ""
 	p, ok := s.Providers.Get(r.Provider)
 	if !ok {
-		return s.refundFailed(ctx, r, "provider "+r.Provider+" is not enabled")
+		// No gateway said no: one sent before may have been made.
+		detail := "provider " + r.Provider + " is not enabled"
+		if sentBefore {
+			return s.refundUnconfirmed(ctx, r, detail)
+		}
+		return s.refundFailed(ctx, r, detail)
 	}
 	req := providers.RefundRequest{RefundNo: r.RefundNo, OrderNo: r.OrderNo, TradeNo: r.TradeNo,
 		RefundFen: r.AmountFen, TotalFen: r.PaidFen, Reason: r.Reason}
-	// A refund sent before (an attempt failed, or the provider accepted it
-	// and is still processing it) is asked about first.
-	if r.RetryCount > 0 || r.ProviderRefundID != "" {
+	if sentBefore {
 		res, err := p.QueryRefund(ctx, req)
 		switch {
 		case err != nil && r.ProviderRefundID != "":
