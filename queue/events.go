@@ -202,10 +202,15 @@ func (e *Events) send(ctx context.Context, events []event) ([]event, error) {
 	return failed, err
 }
 
+// eventsCloseWait bounds how long Close waits for the events still
+// buffered to be published, whatever the caller's deadline.
+const eventsCloseWait = 10 * time.Second
+
 // Close publishes what is buffered, stops the publisher and the shared
 // subscription. Subscriptions still open hear nothing more; they end with
 // their contexts. It waits for the buffer to be published until ctx ends
-// (the shutdown's deadline): while Redis is away it would wait forever.
+// (the shutdown's deadline) or eventsCloseWait has passed: while Redis is
+// away it would wait forever.
 // What is left then is dropped, counted in Dropped and logged once; a
 // subscriber reads its order again at its next resync.
 func (e *Events) Close(ctx context.Context) {
@@ -218,6 +223,11 @@ func (e *Events) Close(ctx context.Context) {
 	e.once.Do(e.start)
 	close(e.pending)
 	e.mu.Unlock()
+	// However long the caller would wait, a Redis that is away does not
+	// hold the shutdown past eventsCloseWait: subscribers catch up from
+	// the database at their next resync.
+	ctx, cancel := context.WithTimeout(ctx, eventsCloseWait)
+	defer cancel()
 	select {
 	case <-e.done:
 	case <-ctx.Done():

@@ -180,6 +180,13 @@ func TestSweepRepairsWrongStockCounter(t *testing.T) {
 					if domain.ErrorCode(err) == domain.ESOLDOUT {
 						continue // the counter at 0 (the corruption) refuses: the defect itself
 					}
+					if domain.ErrorCode(err) == domain.EUNAVAILABLE {
+						// A take that found the counter missing three times
+						// (the sweeps here run back to back, far more often
+						// than KAMI_SWEEP_EVERY, and each repair drops it) is
+						// refused as unavailable: nothing was taken.
+						continue
+					}
 					if err != nil {
 						t.Errorf("place: %v", err)
 						return
