@@ -123,3 +123,20 @@ func (j *jobs) stopping() bool {
 		return j.ctx.Err() != nil
 	}
 }
+
+// eachClaimed runs fn for every claimed member, at most parallel at once,
+// and returns when all are done: the claim's lease covers them together.
+func eachClaimed(members []string, parallel int, fn func(member string)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(parallel, 1))
+	for _, m := range members {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			fn(m)
+		}()
+	}
+	wg.Wait()
+}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -118,18 +117,7 @@ func (w *MailWorker) Drain() {
 		}
 		w.bo.ok()
 		w.claimed.Add(int64(len(c.Members)))
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, mailParallel)
-		for _, member := range c.Members {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				w.deliver(w.ctx, c.Until, member)
-			}()
-		}
-		wg.Wait()
+		eachClaimed(c.Members, mailParallel, func(member string) { w.deliver(w.ctx, c.Until, member) })
 		if len(c.Members) < mailBatch {
 			return
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -109,18 +108,7 @@ func (w *WebhookWorkers) Drain() {
 			return
 		}
 		w.bo.ok()
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, w.Parallel)
-		for _, m := range c.Members {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				w.deliver(w.ctx, c.Until, m)
-			}()
-		}
-		wg.Wait()
+		eachClaimed(c.Members, w.Parallel, func(m string) { w.deliver(w.ctx, c.Until, m) })
 		if len(c.Members) < w.Batch {
 			return
 		}

@@ -388,18 +388,7 @@ func (w *Workers) drainRefunds() {
 			return
 		}
 		w.refundBO.ok()
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, w.cfg.RefundParallel)
-		for _, no := range c.Members {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				w.refundOne(w.ctx, c.Until, no)
-			}()
-		}
-		wg.Wait()
+		eachClaimed(c.Members, w.cfg.RefundParallel, func(no string) { w.refundOne(w.ctx, c.Until, no) })
 		if len(c.Members) < w.cfg.RefundBatch {
 			return
 		}
