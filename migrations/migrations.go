@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
@@ -87,17 +86,18 @@ func run(sql string) migrate.MigrationFunc {
 }
 
 // Migrate applies every pending migration. Several processes may start at
-// once: they take turns on bun's migration lock, and the ones that come
-// second find nothing left to do.
+// once: they take turns on the migration lock (lock.go), and the ones that
+// come second find nothing left to do.
 func Migrate(ctx context.Context, db *bun.DB) (applied []string, err error) {
 	m := migrate.NewMigrator(db, Migrations)
 	if err := m.Init(ctx); err != nil && !alreadyExists(err) {
 		return nil, fmt.Errorf("migrations: init: %w", err)
 	}
-	if err := lock(ctx, m); err != nil {
+	release, err := lockMigrations(ctx, db)
+	if err != nil {
 		return nil, err
 	}
-	defer m.Unlock(context.WithoutCancel(ctx))
+	defer release()
 	group, err := m.Migrate(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
@@ -120,24 +120,6 @@ func Pending(ctx context.Context, db *bun.DB) ([]string, error) {
 		names = append(names, mig.Name)
 	}
 	return names, nil
-}
-
-func lock(ctx context.Context, m *migrate.Migrator) error {
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		err := m.Lock(ctx)
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("migrations: another process holds the migration lock (table bun_migration_locks): %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // alreadyExists tolerates two processes creating bun's own tables at once.

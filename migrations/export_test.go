@@ -1,0 +1,4 @@
+package migrations
+
+// LockMigrations is lockMigrations, for the tests of its holder dying.
+var LockMigrations = lockMigrations
