@@ -13,12 +13,12 @@ import (
 // an index there would cost every card state change for a rare admin view.) The (status, expires_at) index is replaced by
 // (status, expires_at, id), which serves everything it served.
 func init() {
-	Migrations.MustRegister(func(ctx context.Context, db *bun.DB) error {
+	Migrations.MustRegister(step(func(ctx context.Context, db bun.IDB) error {
 		if err := execAll(ctx, db, listIndexesUp); err != nil {
 			return err
 		}
 		return dropIndex(ctx, db, "orders", "orders_status_expires")
-	}, func(ctx context.Context, db *bun.DB) error {
+	}), step(func(ctx context.Context, db bun.IDB) error {
 		if err := execAll(ctx, db, `CREATE INDEX orders_status_expires ON orders (status, expires_at);`); err != nil {
 			return err
 		}
@@ -29,7 +29,7 @@ func init() {
 			}
 		}
 		return nil
-	})
+	}))
 }
 
 const listIndexesUp = `
@@ -39,7 +39,7 @@ CREATE INDEX refund_order_created ON refund_order (created_at, id);
 `
 
 // dropIndex drops an index; MySQL names its table, the others do not.
-func dropIndex(ctx context.Context, db *bun.DB, table, index string) error {
+func dropIndex(ctx context.Context, db bun.IDB, table, index string) error {
 	q := "DROP INDEX " + index
 	if db.Dialect().Name() == dialect.MySQL {
 		q += " ON " + table

@@ -7,12 +7,12 @@ import (
 )
 
 func init() {
-	Migrations.MustRegister(run(statementsUp), func(ctx context.Context, db *bun.DB) error {
+	Migrations.MustRegister(run(statementsUp), step(func(ctx context.Context, db bun.IDB) error {
 		if err := dropIndex(ctx, db, "refund_order", "refund_order_status_finished"); err != nil {
 			return err
 		}
 		return execAll(ctx, db, statementsDown)
-	})
+	}))
 }
 
 // The statement reconciliation's record: one statement_run per statement

@@ -21,11 +21,7 @@ import (
 //   - products: the code format rule (pattern, length range) and the
 //     low-stock threshold with its alerted flag.
 func init() {
-	Migrations.MustRegister(func(ctx context.Context, db *bun.DB) error {
-		return inMigrationTx(ctx, db, stockBatchesUp)
-	}, func(ctx context.Context, db *bun.DB) error {
-		return inMigrationTx(ctx, db, stockBatchesDown)
-	})
+	Migrations.MustRegister(step(stockBatchesUp), step(stockBatchesDown))
 }
 
 const productColumnsUp = `

@@ -10,9 +10,7 @@ import (
 // every sweep: by (fanned_out, occurred_at) it reads only the old ones,
 // not every event of the kept window.
 func init() {
-	Migrations.MustRegister(func(ctx context.Context, db *bun.DB) error {
-		return execAll(ctx, db, `CREATE INDEX events_prune ON events (fanned_out, occurred_at);`)
-	}, func(ctx context.Context, db *bun.DB) error {
+	Migrations.MustRegister(run(`CREATE INDEX events_prune ON events (fanned_out, occurred_at);`), step(func(ctx context.Context, db bun.IDB) error {
 		return dropIndex(ctx, db, "events", "events_prune")
-	})
+	}))
 }

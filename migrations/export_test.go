@@ -1,4 +1,8 @@
 package migrations
 
-// LockMigrations is lockMigrations, for the tests of its holder dying.
-var LockMigrations = lockMigrations
+// For the tests of the migration lock and of steps cut short.
+var (
+	LockMigrations = lockMigrations
+	MigrateWith    = migrateWith
+	Step           = step
+)

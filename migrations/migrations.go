@@ -79,17 +79,35 @@ func execAll(ctx context.Context, db bun.IDB, sql string) error {
 }
 
 // run is a migration step made of SQL. Each migration file registers itself
-// with Migrations.MustRegister(run(up), run(down)) in its own init: bun names
-// the migration after the file that calls MustRegister.
+// with Migrations.MustRegister(run(up), run(down)) (or step, for a step
+// that is more than SQL) in its own init: bun names the migration after the
+// file that calls MustRegister.
 func run(sql string) migrate.MigrationFunc {
-	return func(ctx context.Context, db *bun.DB) error { return execAll(ctx, db, sql) }
+	return step(func(ctx context.Context, db bun.IDB) error { return execAll(ctx, db, sql) })
+}
+
+// step runs fn as one migration step, in one transaction where the database
+// has transactional DDL (PostgreSQL, SQLite): a step cut short by a dropped
+// connection or a kill leaves nothing half-done, and since a step is marked
+// applied only once it has succeeded (Migrate), the next start runs it
+// again whole. MySQL/MariaDB commit each DDL statement on its own: a step
+// cut short there is not marked applied either, and its next run stops at
+// the first statement that had gone through, saying so, for a person.
+func step(fn func(ctx context.Context, db bun.IDB) error) migrate.MigrationFunc {
+	return func(ctx context.Context, db *bun.DB) error { return inMigrationTx(ctx, db, fn) }
 }
 
 // Migrate applies every pending migration. Several processes may start at
 // once: they take turns on the migration lock (lock.go), and the ones that
 // come second find nothing left to do.
 func Migrate(ctx context.Context, db *bun.DB) (applied []string, err error) {
-	m := migrate.NewMigrator(db, Migrations)
+	return migrateWith(ctx, db, Migrations)
+}
+
+func migrateWith(ctx context.Context, db *bun.DB, ms *migrate.Migrations) (applied []string, err error) {
+	// Marked applied after it ran, not before (bun's default): a step that
+	// failed half-way is not taken for done by every later start.
+	m := migrate.NewMigrator(db, ms, migrate.WithMarkAppliedOnSuccess(true))
 	if err := m.Init(ctx); err != nil && !alreadyExists(err) {
 		return nil, fmt.Errorf("migrations: init: %w", err)
 	}
