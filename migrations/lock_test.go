@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/migrate"
 
 	"kami/domain"
@@ -50,71 +51,62 @@ func lockHolderMain(url string) int {
 // another process does not migrate.
 func TestMigrationLockDiesWithItsHolder(t *testing.T) {
 	t.Parallel()
-	for _, k := range []dbtest.Kind{dbtest.SQLite, dbtest.Postgres, dbtest.MySQL} {
-		t.Run(string(k), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			url := dbtest.URL(t, k)
-			db, err := domain.OpenDB(ctx, url, t.TempDir(), domain.DBOptions{MaxOpenConns: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
+	eachFreshDB(t, 1, func(t *testing.T, _ dbtest.Kind, url string, db *bun.DB) {
+		ctx := context.Background()
 
-			// The row bun's lock leaves behind when its holder is killed.
-			m := migrate.NewMigrator(db, migrations.Migrations)
-			if err := m.Init(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := m.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+		// The row bun's lock leaves behind when its holder is killed.
+		m := migrate.NewMigrator(db, migrations.Migrations)
+		if err := m.Init(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
 
-			holder := exec.Command(os.Args[0], "-test.run=^$")
-			holder.Env = append(os.Environ(), lockHolderEnv+"="+url)
-			holder.Stderr = os.Stderr
-			out, err := holder.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
+		holder := exec.Command(os.Args[0], "-test.run=^$")
+		holder.Env = append(os.Environ(), lockHolderEnv+"="+url)
+		holder.Stderr = os.Stderr
+		out, err := holder.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := holder.Start(); err != nil {
+			t.Fatal(err)
+		}
+		killed := false
+		defer func() {
+			if !killed {
+				holder.Process.Kill()
+				holder.Wait()
 			}
-			if err := holder.Start(); err != nil {
-				t.Fatal(err)
-			}
-			killed := false
-			defer func() {
-				if !killed {
-					holder.Process.Kill()
-					holder.Wait()
-				}
-			}()
-			if line, err := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "locked" {
-				t.Fatalf("the holder did not take the lock: %q %v", line, err)
-			}
+		}()
+		if line, err := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "locked" {
+			t.Fatalf("the holder did not take the lock: %q %v", line, err)
+		}
 
-			// Held: a migration waits, and gives up when its caller does.
-			waitCtx, cancel := context.WithTimeout(ctx, time.Second)
-			_, err = migrations.Migrate(waitCtx, db)
-			cancel()
-			if err == nil {
-				t.Fatal("migrated while another process held the lock")
-			}
-			if pending, err := migrations.Pending(ctx, db); err != nil || len(pending) != len(migrations.Migrations.Sorted()) {
-				t.Fatalf("pending while the lock was held: %d of %d, %v", len(pending), len(migrations.Migrations.Sorted()), err)
-			}
+		// Held: a migration waits, and gives up when its caller does.
+		waitCtx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err = migrations.Migrate(waitCtx, db)
+		cancel()
+		if err == nil {
+			t.Fatal("migrated while another process held the lock")
+		}
+		if pending, err := migrations.Pending(ctx, db); err != nil || len(pending) != len(migrations.Migrations.Sorted()) {
+			t.Fatalf("pending while the lock was held: %d of %d, %v", len(pending), len(migrations.Migrations.Sorted()), err)
+		}
 
-			// kill -9: the lock ends with the process.
-			holder.Process.Kill()
-			holder.Wait()
-			killed = true
-			migrateCtx, cancel := context.WithTimeout(ctx, time.Minute)
-			defer cancel()
-			applied, err := migrations.Migrate(migrateCtx, db)
-			if err != nil {
-				t.Fatalf("migrate after the holder was killed: %v", err)
-			}
-			if len(applied) != len(migrations.Migrations.Sorted()) {
-				t.Fatalf("applied %d of %d migrations", len(applied), len(migrations.Migrations.Sorted()))
-			}
-		})
-	}
+		// kill -9: the lock ends with the process.
+		holder.Process.Kill()
+		holder.Wait()
+		killed = true
+		migrateCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		applied, err := migrations.Migrate(migrateCtx, db)
+		if err != nil {
+			t.Fatalf("migrate after the holder was killed: %v", err)
+		}
+		if len(applied) != len(migrations.Migrations.Sorted()) {
+			t.Fatalf("applied %d of %d migrations", len(applied), len(migrations.Migrations.Sorted()))
+		}
+	})
 }
