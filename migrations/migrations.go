@@ -87,15 +87,46 @@ func run(sql string) migrate.MigrationFunc {
 }
 
 // step runs fn as one migration step, in one transaction where the database
-// has transactional DDL (PostgreSQL, SQLite): a step cut short by a dropped
-// connection or a kill leaves nothing half-done, and since a step is marked
-// applied only once it has succeeded (Migrate), the next start runs it
-// again whole. MySQL/MariaDB commit each DDL statement on its own: a step
-// cut short there is not marked applied either, and its next run stops at
-// the first statement that had gone through, saying so, for a person.
+// has transactional DDL (PostgreSQL, SQLite), and records it as applied in
+// that same transaction (markApplied): a step cut short by a dropped
+// connection or a kill leaves nothing half-done and is not marked, so the
+// next start runs it again whole; a step that committed is marked, so the
+// next start never runs it twice. MySQL/MariaDB commit each DDL statement
+// on its own: a step cut short there is not marked applied either, and its
+// next run stops at the first statement that had gone through, saying so,
+// for a person.
 func step(fn func(ctx context.Context, db bun.IDB) error) migrate.MigrationFunc {
-	return func(ctx context.Context, db *bun.DB) error { return inMigrationTx(ctx, db, fn) }
+	return func(ctx context.Context, db *bun.DB) error {
+		return inMigrationTx(ctx, db, func(ctx context.Context, tx bun.IDB) error {
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+			return markApplied(ctx, tx)
+		})
+	}
 }
+
+// applying is the context key of the migration Migrate is applying.
+type applying struct{}
+
+// markApplied records the migration Migrate is applying (if any) as
+// applied, in the step's own transaction: a step that committed is never
+// found pending by the next start, even when the connection dropped right
+// after the COMMIT. bun marks it again after the step; with upsert on,
+// that second mark only rewrites the same row.
+func markApplied(ctx context.Context, tx bun.IDB) error {
+	mig, ok := ctx.Value(applying{}).(*migrate.Migration)
+	if !ok {
+		return nil // rolled back by a test, or run outside Migrate
+	}
+	row := *mig
+	row.ID = 0
+	_, err := tx.NewInsert().Model(&row).ModelTableExpr(migrationsTable).Exec(ctx)
+	return err
+}
+
+// migrationsTable is bun's record of the migrations applied.
+const migrationsTable = "bun_migrations"
 
 // Migrate applies every pending migration. Several processes may start at
 // once: they take turns on the migration lock (lock.go), and the ones that
@@ -107,15 +138,18 @@ func Migrate(ctx context.Context, db *bun.DB) (applied []string, err error) {
 func migrateWith(ctx context.Context, db *bun.DB, ms *migrate.Migrations) (applied []string, err error) {
 	// Marked applied after it ran, not before (bun's default): a step that
 	// failed half-way is not taken for done by every later start.
-	m := migrate.NewMigrator(db, ms, migrate.WithMarkAppliedOnSuccess(true))
-	if err := m.Init(ctx); err != nil && !alreadyExists(err) {
-		return nil, fmt.Errorf("migrations: init: %w", err)
-	}
-	release, err := lockMigrations(ctx, db)
+	// Upsert: the step has marked itself in its transaction already
+	// (markApplied), and bun's mark after it must not add a second row.
+	lock, err := lockMigrations(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
+	defer lock.release()
+	m := migrate.NewMigrator(db, guarded(ms, lock), migrate.WithMarkAppliedOnSuccess(true), migrate.WithUpsert(true),
+		migrate.WithTableName(migrationsTable))
+	if err := m.Init(ctx); err != nil && !alreadyExists(err) {
+		return nil, fmt.Errorf("migrations: init: %w", err)
+	}
 	group, err := m.Migrate(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
@@ -124,6 +158,24 @@ func migrateWith(ctx context.Context, db *bun.DB, ms *migrate.Migrations) (appli
 		applied = append(applied, mig.Name)
 	}
 	return applied, nil
+}
+
+// guarded returns ms with each step made to ask first whether the lock is
+// still held, and to know its migration (markApplied).
+func guarded(ms *migrate.Migrations, lock *lease) *migrate.Migrations {
+	out := migrate.NewMigrations()
+	for _, mig := range ms.Sorted() {
+		if up := mig.Up; up != nil {
+			mig.Up = func(ctx context.Context, m *migrate.Migrator, mig *migrate.Migration) error {
+				if err := lock.held(ctx); err != nil {
+					return err
+				}
+				return up(context.WithValue(ctx, applying{}, mig), m, mig)
+			}
+		}
+		out.Add(mig)
+	}
+	return out
 }
 
 // Pending lists migrations not applied yet; /readyz is not ready while any is.
