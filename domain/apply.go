@@ -2,6 +2,7 @@ package domain
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -30,12 +31,12 @@ func apply(ctx context.Context, db bun.IDB, t Transition, now time.Time, key fun
 	return res.RowsAffected()
 }
 
-// applyReturning is apply that also reads the rows it moved, as they are
-// after the move, into dest (a pointer to a slice of the table's model):
-// UPDATE … RETURNING *, on PostgreSQL and SQLite (MySQL and MariaDB have
-// no UPDATE … RETURNING).
-func applyReturning(ctx context.Context, db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, dest any, cols ...column) error {
-	_, err := transition(db, t, now, key, cols).Returning("*").Exec(ctx, dest)
+// applyReturning is apply that also reads the given columns of the rows
+// it moved, as they are after the move, into dest (a pointer to a slice
+// of the table's model): UPDATE … RETURNING, on PostgreSQL and SQLite
+// (MySQL and MariaDB have no UPDATE … RETURNING).
+func applyReturning(ctx context.Context, db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, returning []string, dest any, cols ...column) error {
+	_, err := transition(db, t, now, key, cols).Returning(strings.Join(returning, ", ")).Exec(ctx, dest)
 	return err
 }
 

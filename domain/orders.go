@@ -793,6 +793,11 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	return results, alerts, nil
 }
 
+// closedColumns are the columns of a closed order that its close reads:
+// those of its order.closed event (orderObject) and its result.
+var closedColumns = []string{"order_no", "product_id", "quantity", "amount_fen", "contact", "provider", "status",
+	"trade_no", "paid_at", "expires_at", "closed_at", "refunded_at", "created_at"}
+
 // closeOrderRows moves the orders among nos (sorted, distinct) that are
 // PENDING and, for a timeout, expired by dueBy to CLOSED, and returns them
 // as they now are, in order_no order; others are the orders among nos it
@@ -817,7 +822,7 @@ func closeOrderRows(ctx context.Context, tx bun.Tx, nos []string, reason CloseRe
 		}
 	}
 	if dialectName(tx) != dialect.MySQL {
-		if err := applyReturning(ctx, tx, OrderClose, now, due(nos), &closed, col("closed_at = ?", now)); err != nil {
+		if err := applyReturning(ctx, tx, OrderClose, now, due(nos), closedColumns, &closed, col("closed_at = ?", now)); err != nil {
 			return nil, nil, err
 		}
 		sort.Slice(closed, func(i, j int) bool { return closed[i].OrderNo < closed[j].OrderNo })
@@ -839,7 +844,7 @@ func closeOrderRows(ctx context.Context, tx bun.Tx, nos []string, reason CloseRe
 		return closed, others, err
 	}
 	var orders []Order
-	if err := forUpdate(tx.NewSelect().Model(&orders).
+	if err := forUpdate(tx.NewSelect().Model(&orders).Column(closedColumns...).
 		Where("order_no IN (?)", bun.List(nos)).Order("order_no")).Scan(ctx); err != nil {
 		return nil, nil, err
 	}
