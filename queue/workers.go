@@ -16,7 +16,7 @@ import (
 // Config tunes the workers. Zero values take the defaults.
 type Config struct {
 	CloseBatch     int           // members per claim and per close transaction; default 500
-	CloseDrainers  int           // close drains running in parallel in this process; default 2
+	CloseDrainers  int           // close drains running in parallel in this process; default 4 (see withDefaults)
 	RefundBatch    int           // refunds per claim; default 50
 	RefundParallel int           // refund attempts running at once; default 4
 	Lease          time.Duration // how long a claim holds its members; default 30s
@@ -58,7 +58,12 @@ func (c Config) withDefaults(l *domain.Ledger) Config {
 	}
 	def(&c.CloseBatch, 500)
 	c.CloseBatch = min(c.CloseBatch, MaxClaim)
-	def(&c.CloseDrainers, 2)
+	// A drain's batch is a chain of round trips and statements (claim,
+	// pre-close check, one transaction, commit, ack) during which the
+	// database works on one core or waits for its WAL flush: two drains
+	// left a restart's backlog drain using half a core of PostgreSQL on
+	// an otherwise idle 2-core machine.
+	def(&c.CloseDrainers, 4)
 	def(&c.RefundBatch, 50)
 	def(&c.RefundParallel, 4)
 	def(&c.SweepPage, 1000)
