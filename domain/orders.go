@@ -808,8 +808,10 @@ var closedColumns = []string{"order_no", "product_id", "quantity", "amount_fen",
 // PostgreSQL and SQLite close and read in one statement (UPDATE …
 // RETURNING), and read the others (usually none) afterwards without a
 // lock: only the conditional UPDATE decides. The UPDATE takes its row
-// locks walking the order_no index, so in order_no order, as a batch of
-// payments takes them. MySQL and MariaDB, which have no UPDATE …
+// locks as its plan walks the rows: PostgreSQL plans it (as the batch of
+// payments' UPDATE) as a scan of the order_no index, which visits the
+// numbers in order, so both lock in order_no order; a deadlock under some
+// other plan is retried as any (inTx). MySQL and MariaDB, which have no UPDATE …
 // RETURNING, lock and read the orders first (in order_no order), then
 // close exactly the ones read as closable.
 func closeOrderRows(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy, now time.Time) (closed, others []Order, err error) {
