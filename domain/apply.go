@@ -2,6 +2,7 @@ package domain
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -23,18 +24,30 @@ func col(expr string, args ...any) column { return column{expr, args} }
 // and returns the rows affected. Zero means someone else moved the row
 // first: the caller skips, it never forces.
 func apply(ctx context.Context, db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols ...column) (int64, error) {
+	res, err := transition(db, t, now, key, cols).Exec(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// applyReturning is apply that also reads the given columns of the rows
+// it moved, as they are after the move, into dest (a pointer to a slice
+// of the table's model): UPDATE … RETURNING, on PostgreSQL and SQLite
+// (MySQL and MariaDB have no UPDATE … RETURNING).
+func applyReturning(ctx context.Context, db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, returning []string, dest any, cols ...column) error {
+	_, err := transition(db, t, now, key, cols).Returning(strings.Join(returning, ", ")).Exec(ctx, dest)
+	return err
+}
+
+func transition(db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
 	q := db.NewUpdate().Table(t.Table).
 		Set("status = ?", t.To).
 		Set("updated_at = ?", now)
 	for _, c := range cols {
 		q = q.Set(c.expr, c.args...)
 	}
-	q = key(q).Where("status IN (?)", bun.List(t.From))
-	res, err := q.Exec(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	return key(q).Where("status IN (?)", bun.List(t.From))
 }
 
 func whereOrderNo(no string) func(*bun.UpdateQuery) *bun.UpdateQuery {

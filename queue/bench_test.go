@@ -113,7 +113,7 @@ func waitDrained(b *testing.B, be *benchEnv, q *queue.DelayQueue, within time.Du
 }
 
 // BenchmarkCloseDrain: closes per second draining a backlog of N due
-// orders with the workers (claims of 500, one transaction per batch, two
+// orders with the workers (claims of 500, one transaction per batch, four
 // drains in parallel).
 func BenchmarkCloseDrain(b *testing.B) {
 	n := envInt("KAMI_BENCH_N", 100_000)

@@ -16,7 +16,7 @@ import (
 // Config tunes the workers. Zero values take the defaults.
 type Config struct {
 	CloseBatch     int           // members per claim and per close transaction; default 500
-	CloseDrainers  int           // close drains running in parallel in this process; default 2
+	CloseDrainers  int           // close drains running in parallel in this process; default 4 (see withDefaults)
 	RefundBatch    int           // refunds per claim; default 50
 	RefundParallel int           // refund attempts running at once; default 4
 	Lease          time.Duration // how long a claim holds its members; default 30s
@@ -58,7 +58,12 @@ func (c Config) withDefaults(l *domain.Ledger) Config {
 	}
 	def(&c.CloseBatch, 500)
 	c.CloseBatch = min(c.CloseBatch, MaxClaim)
-	def(&c.CloseDrainers, 2)
+	// A drain's batch is a chain of round trips and statements (claim,
+	// pre-close check, one transaction, commit, ack) during which the
+	// database works on one core or waits for its WAL flush: two drains
+	// left a restart's backlog drain using half a core of PostgreSQL on
+	// an otherwise idle 2-core machine.
+	def(&c.CloseDrainers, 4)
 	def(&c.RefundBatch, 50)
 	def(&c.RefundParallel, 4)
 	def(&c.SweepPage, 1000)
@@ -193,7 +198,7 @@ func (w *Workers) Start(ctx context.Context) error {
 		{"* * * * * *", func() { w.drainRefunds() }},
 		{every(w.cfg.RecoverEvery), func() { w.recoverLeases() }},
 		{every(w.cfg.SweepEvery), func() { w.sweepLocked() }},
-	}, w.waker, w.sweepLocked)
+	}, w.waker, w.startupSweep)
 }
 
 // Stop stops scheduling jobs and waits for the running ones to finish their
@@ -472,6 +477,31 @@ func (w *Workers) sweepLocked() {
 	if _, err := w.Sweep(w.ctx); err != nil {
 		w.log.Warn("sweep failed", "err", err)
 	}
+}
+
+// startupSweep is the sweeper's pass at start. It first lets the close
+// drain work off a backlog of due orders (more than one claim's worth),
+// for at most SweepEvery: a queue that holds them was not lost, and the
+// pass reads every PENDING order, which would compete with the drain for
+// the database and put back on the queue the orders closed between its
+// read and its write (each then claimed once more, to be skipped). With
+// Redis unreachable it sweeps at once: it is then the only close path.
+func (w *Workers) startupSweep() {
+	deadline := time.Now().Add(w.cfg.SweepEvery)
+	for !w.stopping() && time.Now().Before(deadline) {
+		st, err := w.closeQ.Stats(w.ctx, w.cfg.Now())
+		if err != nil || st.Due <= int64(w.cfg.CloseBatch) {
+			break
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-w.stopped:
+		case <-w.ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	w.sweepLocked()
 }
 
 // SweepResult reports one sweep.
