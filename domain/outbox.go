@@ -58,12 +58,18 @@ func recordEvents(ctx context.Context, tx bun.IDB, now time.Time, evs ...Event) 
 	if len(evs) == 0 {
 		return nil
 	}
+	_, err := eventsInsert(tx, now, evs).Exec(ctx)
+	return err
+}
+
+// eventsInsert is recordEvents' INSERT of at least one event, built and
+// not run (see writeAll).
+func eventsInsert(tx bun.IDB, now time.Time, evs []Event) *bun.InsertQuery {
 	for i := range evs {
 		evs[i].ID, evs[i].OccurredAt, evs[i].FannedOut = 0, now, false
 		evs[i].Subject = truncate(evs[i].Subject, 64)
 	}
-	_, err := tx.NewInsert().Model(&evs).Returning("NULL").Exec(ctx)
-	return err
+	return tx.NewInsert().Model(&evs).Returning("NULL")
 }
 
 // newEvent builds an event about subject with object as its payload.
