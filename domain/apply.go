@@ -23,16 +23,16 @@ func col(expr string, args ...any) column { return column{expr, args} }
 // and returns the rows affected. Zero means someone else moved the row
 // first: the caller skips, it never forces.
 func apply(ctx context.Context, db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols ...column) (int64, error) {
-	res, err := applyQuery(db, t, now, key, cols...).Exec(ctx)
+	res, err := transition(db, t, now, key, cols).Exec(ctx)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
-// applyQuery is apply's UPDATE, built and not run: for writeAll, which
-// sends it with the other writes of a batch.
-func applyQuery(db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols ...column) *bun.UpdateQuery {
+// transition is apply's UPDATE, built and not run: writeAll sends it with
+// the other writes of a batch.
+func transition(db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
 	q := db.NewUpdate().Table(t.Table).
 		Set("status = ?", t.To).
 		Set("updated_at = ?", now)

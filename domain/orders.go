@@ -405,7 +405,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	caseOrderNo := "order_no = CASE" + strings.Repeat(" WHEN id IN (?) THEN ?", len(orders)) + " END"
 	n, err := writeAll(ctx, tx,
 		tx.NewInsert().Model(&orders),
-		applyQuery(tx, CardLock, now, whereIDs(cardIDs), col(caseOrderNo, orderOf...), col("locked_at = ?", now)),
+		transition(tx, CardLock, now, whereIDs(cardIDs), []column{col(caseOrderNo, orderOf...), col("locked_at = ?", now)}),
 		flowInsert(tx, now, flows))
 	if err != nil {
 		if isUniqueViolation(err) && !hasKey {

@@ -228,10 +228,10 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	// back whole.
 	n, err := writeAll(ctx, tx,
 		tx.NewInsert().Model(&notes),
-		applyQuery(tx, OrderPay, now, whereOrderNos(nos),
+		transition(tx, OrderPay, now, whereOrderNos(nos), []column{
 			col(byOrderNo("trade_no", "?"), trade...), col(byOrderNo("paid_fen", "?"), fen...), col(byOrderNo("paid_at", timeParam(tx)), t...),
-			col("delivered_at = ?", now)),
-		applyQuery(tx, CardSell, now, whereOrderNos(nos), col("sold_at = ?", now)),
+			col("delivered_at = ?", now)}),
+		transition(tx, CardSell, now, whereOrderNos(nos), []column{col("sold_at = ?", now)}),
 		flowInsert(tx, now, flows),
 		eventsInsert(tx, now, events))
 	if err != nil {

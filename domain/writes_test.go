@@ -3,9 +3,13 @@ package domain_test
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"kami/domain"
 	"kami/domain/dbtest"
@@ -127,4 +131,65 @@ func TestPlaceAndPayRoundTrips(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPaymentLocksTheOrderBeforeItsCards: the writes of a payment batch,
+// one statement on PostgreSQL, still lock the order's row before its
+// cards, as the close path does (orders first, in order_no order): a
+// payment and a close racing for one order wait for each other instead of
+// deadlocking. PostgreSQL runs a data-modifying WITH part when the outer
+// query first reads it, and writeAll reads them in the order given; this
+// holds it to that. A transaction holds one of the order's cards; the
+// payment, blocked on that card, must already hold the order.
+func TestPaymentLocksTheOrderBeforeItsCards(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, dbtest.Postgres)
+	b := setup(t, db, domain.Config{OrderTTL: time.Hour})
+	p := b.product(t, 500, 2)
+	o := b.order(t, p, 2).Order
+
+	holder, err := db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	var held int64
+	if err := holder.NewRaw("SELECT id FROM card_stock WHERE order_no = ? ORDER BY id DESC LIMIT 1 FOR UPDATE", o.OrderNo).Scan(b.ctx, &held); err != nil {
+		t.Fatal(err)
+	}
+	paid := make(chan error, 1)
+	go func() {
+		res, err := b.ledger.RecordPayment(b.ctx, domain.Payment{Provider: o.Provider, NotifyID: "N-LO", OrderNo: o.OrderNo,
+			TradeNo: "T-LO", AmountFen: o.AmountFen, Raw: "{}"})
+		if err == nil && res.Outcome != domain.PaymentDelivered {
+			err = fmt.Errorf("outcome %s", res.Outcome)
+		}
+		paid <- err
+	}()
+	// A waiter on a row holds the row's tuple lock while it waits.
+	waitFor(t, "the payment waiting for the held card", func() bool {
+		var n int
+		err := db.NewRaw("SELECT count(*) FROM pg_locks WHERE locktype = 'tuple' AND relation = 'card_stock'::regclass").Scan(b.ctx, &n)
+		return err == nil && n > 0
+	})
+	probe, err := db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var no string
+	err = probe.NewRaw("SELECT order_no FROM orders WHERE order_no = ? FOR UPDATE NOWAIT", o.OrderNo).Scan(b.ctx, &no)
+	probe.Rollback()
+	if !isLockNotAvailable(err) {
+		t.Errorf("the order's row was free while its payment waited for a card (%v): the cards were locked first", err)
+	}
+	holder.Rollback()
+	if err := <-paid; err != nil {
+		t.Fatalf("RecordPayment: %v", err)
+	}
+}
+
+// isLockNotAvailable is PostgreSQL's 55P03, a NOWAIT that found the row locked.
+func isLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
