@@ -52,8 +52,9 @@ type Event struct {
 	FannedOut  bool      `bun:"fanned_out"`
 }
 
-// recordEvents writes events into the caller's transaction: the one way
-// an event enters the outbox.
+// recordEvents writes events into the caller's transaction: with its
+// INSERT (eventsInsert) sent among a batch's writes (writeAll), the one
+// way an event enters the outbox.
 func recordEvents(ctx context.Context, tx bun.IDB, now time.Time, evs ...Event) error {
 	if len(evs) == 0 {
 		return nil
@@ -63,7 +64,7 @@ func recordEvents(ctx context.Context, tx bun.IDB, now time.Time, evs ...Event) 
 }
 
 // eventsInsert is recordEvents' INSERT of at least one event, built and
-// not run (see writeAll).
+// not run: the payment batch sends it with its other writes (writeAll).
 func eventsInsert(tx bun.IDB, now time.Time, evs []Event) *bun.InsertQuery {
 	for i := range evs {
 		evs[i].ID, evs[i].OccurredAt, evs[i].FannedOut = 0, now, false
