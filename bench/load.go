@@ -212,6 +212,7 @@ func shouldPay(i int, share float64) bool {
 
 // loadResult is the place phase's raw measurements.
 type loadResult struct {
+	start       time.Time
 	wall        time.Duration
 	placed      []time.Duration
 	doneAt      []time.Duration // when each placed order's answer came, since the start
@@ -283,7 +284,7 @@ func runLoad(ctx context.Context, c *client, productID, runID string, n, conc in
 		}(&outs[w])
 	}
 	wg.Wait()
-	res := loadResult{wall: time.Since(start), placeErrors: map[string]int{}, payErrors: map[string]int{}}
+	res := loadResult{start: start, wall: time.Since(start), placeErrors: map[string]int{}, payErrors: map[string]int{}}
 	for _, o := range outs {
 		res.placed = append(res.placed, o.placed...)
 		res.doneAt = append(res.doneAt, o.doneAt...)

@@ -373,8 +373,10 @@ func run(ctx context.Context, o *options) (code int) {
 		placeCPU = prof.cpu(runCtx, o.profileFor, "cpu-place.pprof")
 	}
 	progress("placing %d orders at concurrency %d, paying %.0f%%", o.orders, o.concurrency, 100*o.payShare)
+	waits := sampleWaits(runCtx, db, 100*time.Millisecond)
 	lr := runLoad(runCtx, c, productID, runID, o.orders, o.concurrency, o.payShare)
 	placeEnd := time.Now()
+	placeWaits := waits.Stop(lr.start, lr.wall)
 	if prof != nil {
 		if err := prof.fetch(runCtx, "allocs", "allocs-after.pprof"); err != nil {
 			rep.Notes = append(rep.Notes, "profile: "+err.Error())
@@ -387,7 +389,7 @@ func run(ctx context.Context, o *options) (code int) {
 	wall := lr.wall
 	rep.Place = PlaceReport{OK: len(lr.placed), Errors: lr.placeErrors, WallSeconds: wall.Seconds(),
 		OrdersPerSec: rate(len(lr.placed), wall), Latency: summarize(lr.placed),
-		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall), ByTenth: byTenth(lr.doneAt, wall)}
+		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall), ByTenth: byTenth(lr.doneAt, wall), Waits: placeWaits}
 	rep.Pay = PayReport{Sent: lr.paySent, OK: len(lr.paid), Errors: lr.payErrors,
 		PaymentsPerSec: rate(len(lr.paid), wall), Latency: summarize(lr.paid)}
 	if lr.firstError != "" {

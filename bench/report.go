@@ -127,6 +127,8 @@ type PlaceReport struct {
 	RequestsPerSec float64 `json:"requests_per_sec"`
 	// ByTenth is orders/s in each tenth of the phase's wall time.
 	ByTenth []float64 `json:"orders_per_sec_by_tenth,omitempty"`
+	// Waits is what the machine and the database did in each tenth.
+	Waits *WaitsReport `json:"waits,omitempty"`
 }
 
 // PayReport is the sandbox webhook calls made during the place phase.
@@ -223,6 +225,21 @@ func (r *Report) Write(w io.Writer) {
 	p("  all requests  %.0f/s (createOrder + webhook)", r.Place.RequestsPerSec)
 	if len(r.Place.ByTenth) > 0 {
 		p("  by tenth      %s orders/s", fmtSeries(r.Place.ByTenth))
+	}
+	if w := r.Place.Waits; w != nil {
+		busy := make([]float64, len(w.Busy))
+		for i, b := range w.Busy {
+			busy[i] = 100 * b
+		}
+		p("                %s %% of the machine's CPU busy", fmtSeries(busy))
+		p("  database      kami's sessions by tenth (average number running, and waiting on the most common events)")
+		for i, st := range w.Sessions {
+			ckpt := ""
+			if w.Checkpoints[i] > 0 {
+				ckpt = fmt.Sprintf("  (%d checkpoint started)", w.Checkpoints[i])
+			}
+			p("    %2d  %s%s", i+1, fmtTenth(st), ckpt)
+		}
 	}
 	p("pay    signed sandbox notification, POST /webhooks/sandbox, right after createOrder")
 	if r.Pay.Sent == 0 {

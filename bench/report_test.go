@@ -207,3 +207,39 @@ func TestByTenth(t *testing.T) {
 		t.Errorf("fmtSeries = %q", s)
 	}
 }
+
+// TestWaitsByTenth: samples fall into the tenth of the phase they were
+// taken in; a tenth's sessions are averaged over its samples, its CPU and
+// checkpoints measured from the sample before it to its last.
+func TestWaitsByTenth(t *testing.T) {
+	start := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	s := &waitSampler{stop: func() {}, done: make(chan struct{})}
+	close(s.done)
+	at := func(ms int) time.Time { return start.Add(time.Duration(ms) * time.Millisecond) }
+	s.samples = []waitSample{
+		{at: at(-50), busy: 0, total: 0, checkpoints: 7},
+		{at: at(10), states: map[string]int{"running": 2}, busy: 40, total: 100, checkpoints: 7},
+		{at: at(60), states: map[string]int{"running": 1, "IO:WALSync": 2}, busy: 90, total: 200, checkpoints: 7},
+		{at: at(950), states: map[string]int{"LWLock:WALWrite": 4, "IO:WALSync": 1}, busy: 100, total: 400, checkpoints: 8},
+		{at: at(1000), states: map[string]int{"running": 9}}, // after the phase
+	}
+	w := s.Stop(start, time.Second)
+	if got := w.Sessions[0]; got["running"] != 1.5 || got["IO:WALSync"] != 1 {
+		t.Errorf("first tenth: %v", got)
+	}
+	if w.Busy[0] != 0.45 || w.Checkpoints[0] != 0 {
+		t.Errorf("first tenth: busy %v, %d checkpoints", w.Busy[0], w.Checkpoints[0])
+	}
+	if got := w.Sessions[9]; got["LWLock:WALWrite"] != 4 || w.Busy[9] != 0.05 || w.Checkpoints[9] != 1 {
+		t.Errorf("last tenth: %v, busy %v, %d checkpoints", got, w.Busy[9], w.Checkpoints[9])
+	}
+	if w.Sessions[5] != nil || w.Busy[5] != 0 {
+		t.Errorf("a tenth without samples: %v %v", w.Sessions[5], w.Busy[5])
+	}
+	if got := fmtTenth(w.Sessions[9]); got != "WALWrite 4.0 WALSync 1.0" {
+		t.Errorf("fmtTenth = %q", got)
+	}
+	if got := fmtTenth(nil); got != "-" {
+		t.Errorf("fmtTenth(nil) = %q", got)
+	}
+}

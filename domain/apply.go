@@ -40,6 +40,8 @@ func applyReturning(ctx context.Context, db bun.IDB, t Transition, now time.Time
 	return err
 }
 
+// transition is apply's UPDATE, built and not run: writeAll sends it with
+// the other writes of a batch.
 func transition(db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
 	q := db.NewUpdate().Table(t.Table).
 		Set("status = ?", t.To).

@@ -211,23 +211,39 @@ func (l *Ledger) DBNow(ctx context.Context) (time.Time, error) { return l.dbNow(
 // SQLite runs inside this process on this machine, whose system clock is
 // the database's clock; it is read directly, not through Now.
 func (l *Ledger) dbNow(ctx context.Context, db bun.IDB) (time.Time, error) {
-	if l.DBClock != nil {
-		return l.DBClock().UTC().Truncate(time.Microsecond), nil
-	}
-	var q string
-	switch dialectName(db) {
-	case dialect.PG:
-		q = "SELECT CURRENT_TIMESTAMP"
-	case dialect.MySQL:
-		q = "SELECT UTC_TIMESTAMP(6)"
-	default:
-		return time.Now().UTC().Truncate(time.Microsecond), nil
+	clock := l.clockSQL(db)
+	if clock == "" {
+		return l.localDBNow(), nil
 	}
 	var t time.Time
-	if err := db.QueryRowContext(ctx, q).Scan(&t); err != nil {
+	if err := db.QueryRowContext(ctx, "SELECT "+clock).Scan(&t); err != nil {
 		return time.Time{}, fmt.Errorf("read the database's clock: %w", err)
 	}
 	return t.UTC().Truncate(time.Microsecond), nil
+}
+
+// clockSQL is the database's clock as dbNow reads it, an SQL expression
+// another query of the transaction can read it with; "" where it is read
+// in this process (SQLite, or a test's DBClock): see localDBNow.
+func (l *Ledger) clockSQL(db bun.IDB) string {
+	if l.DBClock != nil {
+		return ""
+	}
+	switch dialectName(db) {
+	case dialect.PG:
+		return "CURRENT_TIMESTAMP"
+	case dialect.MySQL:
+		return "UTC_TIMESTAMP(6)"
+	}
+	return ""
+}
+
+// localDBNow is the database's clock where clockSQL has no expression.
+func (l *Ledger) localDBNow() time.Time {
+	if l.DBClock != nil {
+		return l.DBClock().UTC().Truncate(time.Microsecond)
+	}
+	return time.Now().UTC().Truncate(time.Microsecond)
 }
 
 // SyncClock measures how far the database's clock is from Now, for
@@ -532,25 +548,31 @@ func writeFlow(ctx context.Context, tx bun.IDB, now time.Time, flows ...StockFlo
 	if len(flows) == 0 {
 		return nil
 	}
+	_, err := flowInsert(tx, now, flows).Exec(ctx)
+	return err
+}
+
+// flowInsert is writeFlow's INSERT, built and not run (see writeAll).
+func flowInsert(tx bun.IDB, now time.Time, flows []StockFlow) writeQuery {
 	for i := range flows {
 		flows[i].CreatedAt = now
 	}
 	if len(flows) > 1 && dialectName(tx) == dialect.PG {
 		// A batch's entries as one array per column (see insertCards):
 		// 500 rows of literals cost PostgreSQL more to plan than to insert.
+		// RETURNING 1: a row per entry, as writeAll counts them.
 		products, types, qtys := make([]int64, len(flows)), make([]int64, len(flows)), make([]int64, len(flows))
 		orders := make([]string, len(flows))
 		for i, f := range flows {
 			products[i], orders[i], types[i], qtys[i] = f.ProductID, f.OrderNo, int64(f.ChangeType), int64(f.Quantity)
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO stock_flow (product_id, order_no, change_type, quantity, created_at)
+		return tx.NewRaw(`INSERT INTO stock_flow (product_id, order_no, change_type, quantity, created_at)
 			SELECT t.product_id, NULLIF(t.order_no, ''), t.change_type, t.quantity, ?
-			FROM unnest(?::bigint[], ?::text[], ?::smallint[], ?::int[]) WITH ORDINALITY AS t(product_id, order_no, change_type, quantity, n) ORDER BY t.n`,
+			FROM unnest(?::bigint[], ?::text[], ?::smallint[], ?::int[]) WITH ORDINALITY AS t(product_id, order_no, change_type, quantity, n) ORDER BY t.n
+			RETURNING 1`,
 			now, pgdialect.Array(products), pgdialect.Array(orders), pgdialect.Array(types), pgdialect.Array(qtys))
-		return err
 	}
-	_, err := tx.NewInsert().Model(&flows).Exec(ctx)
-	return err
+	return tx.NewInsert().Model(&flows)
 }
 
 func audit(ctx context.Context, tx bun.IDB, now time.Time, actor, action, target, detail string) error {

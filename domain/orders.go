@@ -317,7 +317,9 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	for _, in := range ins {
 		productIDs[in.ProductID] = true
 	}
-	products, err := productsByID(ctx, tx, sortedKeys(productIDs))
+	// The database's clock comes with the products: an order expires by
+	// the clock every process judges due times by, not by this process's.
+	products, now, err := l.productsNow(ctx, tx, sortedKeys(productIDs))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -369,12 +371,6 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		return done()
 	}
 
-	// The database's clock: an order expires by the clock every process
-	// judges due times by, not by this process's.
-	now, err := l.dbNow(ctx, tx)
-	if err != nil {
-		return nil, nil, err
-	}
 	var (
 		orders  []Order
 		flows   []StockFlow
@@ -407,22 +403,20 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		cardIDs = append(cardIDs, ids...)
 		orderOf = append(orderOf, bun.List(ids), no)
 	}
-	if _, err := tx.NewInsert().Model(&orders).Exec(ctx); err != nil {
+	// One round trip on PostgreSQL (writeAll).
+	caseOrderNo := "order_no = CASE" + strings.Repeat(" WHEN id IN (?) THEN ?", len(orders)) + " END"
+	n, err := writeAll(ctx, tx,
+		tx.NewInsert().Model(&orders),
+		transition(tx, CardLock, now, whereIDs(cardIDs), []column{col(caseOrderNo, orderOf...), col("locked_at = ?", now)}),
+		flowInsert(tx, now, flows))
+	if err != nil {
 		if isUniqueViolation(err) && !hasKey {
 			return nil, nil, errRetry // an order number drawn twice in one second: draw again
 		}
 		return nil, nil, err
 	}
-	caseOrderNo := "order_no = CASE" + strings.Repeat(" WHEN id IN (?) THEN ?", len(orders)) + " END"
-	n, err := apply(ctx, tx, CardLock, now, whereIDs(cardIDs), col(caseOrderNo, orderOf...), col("locked_at = ?", now))
-	if err != nil {
-		return nil, nil, err
-	}
-	if n != int64(len(cardIDs)) {
+	if n[1] != int64(len(cardIDs)) {
 		return nil, nil, errRetry // the rows were locked by us; only SQLite's missing row locks get here
-	}
-	if err := writeFlow(ctx, tx, now, flows...); err != nil {
-		return nil, nil, err
 	}
 	k := 0
 	for i, in := range open {

@@ -54,31 +54,39 @@ type Event struct {
 	FannedOut  bool      `bun:"fanned_out"`
 }
 
-// recordEvents writes events into the caller's transaction: the one way
-// an event enters the outbox.
+// recordEvents writes events into the caller's transaction: with its
+// INSERT (eventsInsert) sent among a batch's writes (writeAll), the one
+// way an event enters the outbox.
 func recordEvents(ctx context.Context, tx bun.IDB, now time.Time, evs ...Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	_, err := eventsInsert(tx, now, evs).Exec(ctx)
+	return err
+}
+
+// eventsInsert is recordEvents' INSERT of at least one event, built and
+// not run: the payment batch sends it with its other writes (writeAll).
+func eventsInsert(tx bun.IDB, now time.Time, evs []Event) writeQuery {
 	for i := range evs {
 		evs[i].ID, evs[i].OccurredAt, evs[i].FannedOut = 0, now, false
 		evs[i].Subject = truncate(evs[i].Subject, 64)
 	}
 	if len(evs) > 1 && dialectName(tx) == dialect.PG {
-		// A batch's events as one array per column, as writeFlow does;
-		// ids are given in the arrays' order.
+		// A batch's events as one array per column, as flowInsert does;
+		// ids are given in the arrays' order. RETURNING 1 as writeAll
+		// counts.
 		types, subjects, payloads := make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
 		for i, e := range evs {
 			types[i], subjects[i], payloads[i] = string(e.Type), e.Subject, e.Payload
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
+		return tx.NewRaw(`INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
 			SELECT t.type, t.subject, ?, t.payload, FALSE
-			FROM unnest(?::text[], ?::text[], ?::text[]) WITH ORDINALITY AS t(type, subject, payload, n) ORDER BY t.n`,
+			FROM unnest(?::text[], ?::text[], ?::text[]) WITH ORDINALITY AS t(type, subject, payload, n) ORDER BY t.n
+			RETURNING 1`,
 			now, pgdialect.Array(types), pgdialect.Array(subjects), pgdialect.Array(payloads))
-		return err
 	}
-	_, err := tx.NewInsert().Model(&evs).Returning("NULL").Exec(ctx)
-	return err
+	return tx.NewInsert().Model(&evs).Returning("NULL")
 }
 
 // newEvent builds an event about subject with object as its payload.

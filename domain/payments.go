@@ -204,6 +204,8 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 		flows         []StockFlow
 		cards         int64
 		trade, fen, t []any // CASE arms: order number, then its value
+		paid          = make([]*Order, 0, len(at))
+		events        = make([]Event, 0, len(at))
 	)
 	for _, i := range at {
 		p, o := ps[i], *orders[ps[i].OrderNo]
@@ -214,42 +216,38 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 		trade = append(trade, p.OrderNo, p.TradeNo)
 		fen = append(fen, p.OrderNo, p.AmountFen)
 		t = append(t, p.OrderNo, paidAt(p, now))
-	}
-	if _, err := tx.NewInsert().Model(&notes).Exec(ctx); err != nil {
-		if isUniqueViolation(err) {
-			return errNotUsual // a notification seen before
-		}
-		return err
+		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt(p, now), now, now
+		paid = append(paid, &o)
+		events = append(events, orderEvent(EventOrderPaid, &o))
 	}
 	byOrderNo := func(column, param string) string {
 		return column + " = CASE order_no" + strings.Repeat(" WHEN ? THEN "+param, len(at)) + " END"
 	}
-	n, err := apply(ctx, tx, OrderPay, now, whereOrderNos(nos),
-		col(byOrderNo("trade_no", "?"), trade...), col(byOrderNo("paid_fen", "?"), fen...), col(byOrderNo("paid_at", timeParam(tx)), t...),
-		col("delivered_at = ?", now))
+	// One round trip on PostgreSQL (writeAll); the counts are checked
+	// before the COMMIT, so a batch that met anything unusual is rolled
+	// back whole.
+	n, err := writeAll(ctx, tx,
+		tx.NewInsert().Model(&notes),
+		transition(tx, OrderPay, now, whereOrderNos(nos), []column{
+			col(byOrderNo("trade_no", "?"), trade...), col(byOrderNo("paid_fen", "?"), fen...), col(byOrderNo("paid_at", timeParam(tx)), t...),
+			col("delivered_at = ?", now)}),
+		transition(tx, CardSell, now, whereOrderNos(nos), []column{col("sold_at = ?", now)}),
+		flowInsert(tx, now, flows),
+		eventsInsert(tx, now, events))
 	if err != nil {
+		if isUniqueViolation(err) {
+			return errNotUsual // a notification seen before (nothing else written here is unique)
+		}
 		return err
 	}
-	if n != int64(len(at)) {
+	if n[1] != int64(len(at)) {
 		return errNotUsual // an order closed (or paid) since it was read
 	}
-	if n, err = apply(ctx, tx, CardSell, now, whereOrderNos(nos), col("sold_at = ?", now)); err != nil {
-		return err
-	}
-	if n != cards {
+	if n[2] != cards {
 		return errNotUsual // recordOne finds which order, and says INCONSISTENT
 	}
-	if err := writeFlow(ctx, tx, now, flows...); err != nil {
-		return err
-	}
-	paid := make([]*Order, 0, len(at))
-	events := make([]Event, 0, len(at))
-	for _, i := range at {
-		p, o := ps[i], *orders[ps[i].OrderNo]
-		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paidAt(p, now), now, now
-		results[i] = &PaymentResult{Outcome: PaymentDelivered, Order: &o}
-		paid = append(paid, &o)
-		events = append(events, orderEvent(EventOrderPaid, &o))
+	for k, i := range at {
+		results[i] = &PaymentResult{Outcome: PaymentDelivered, Order: paid[k]}
 	}
 	mails, err := l.queueOrderMails(ctx, tx, now, paid...)
 	if err != nil {
@@ -258,7 +256,7 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	for _, i := range at {
 		results[i].Mail = mails[ps[i].OrderNo]
 	}
-	return recordEvents(ctx, tx, now, events...)
+	return nil
 }
 
 // paidAt is when the provider says p was paid, as the database keeps it;

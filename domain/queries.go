@@ -230,6 +230,32 @@ func productsByID(ctx context.Context, db bun.IDB, ids []int64) (map[int64]*Prod
 	return out, nil
 }
 
+// productsNow is productsByID, and the database's clock as dbNow reads it
+// in the same query: one round trip fewer for a batch of orders, which
+// needs both. now is zero when no product was found.
+func (l *Ledger) productsNow(ctx context.Context, db bun.IDB, ids []int64) (map[int64]*Product, time.Time, error) {
+	clock := l.clockSQL(db)
+	if clock == "" || len(ids) == 0 {
+		ps, err := productsByID(ctx, db, ids)
+		return ps, l.localDBNow(), err
+	}
+	var rows []struct {
+		Product `bun:",extend"`
+		DBNow   time.Time `bun:"kami_db_now"`
+	}
+	if err := db.NewSelect().Model(&rows).ColumnExpr("?TableAlias.*").ColumnExpr(clock+" AS kami_db_now").
+		Where("?TableAlias.id IN (?)", bun.List(ids)).Scan(ctx); err != nil {
+		return nil, time.Time{}, err
+	}
+	out := make(map[int64]*Product, len(rows))
+	var now time.Time
+	for i := range rows {
+		out[rows[i].ID] = &rows[i].Product
+		now = rows[i].DBNow.UTC().Truncate(time.Microsecond)
+	}
+	return out, now, nil
+}
+
 // OrdersByNo returns the orders with the given numbers in one query;
 // numbers with no order are missing from the map.
 func (l *Ledger) OrdersByNo(ctx context.Context, orderNos []string) (map[string]*Order, error) {

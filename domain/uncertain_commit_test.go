@@ -50,25 +50,46 @@ func take(n *atomic.Int32) bool {
 
 var errConnReset = errors.New("read tcp 127.0.0.1:40000->127.0.0.1:5432: read: connection reset by peer")
 
-func (l *lostCommits) wrap(c driver.Connector) driver.Connector { return faultConnector{c, l} }
-
-type faultConnector struct {
-	driver.Connector
-	l *lostCommits
+func (l *lostCommits) wrap(c driver.Connector) driver.Connector {
+	return connWrapper{c, func(conn driver.Conn) driver.Conn { return &faultConn{passConn: passConn{conn}, l: l} }}
 }
 
-func (c faultConnector) Connect(ctx context.Context) (driver.Conn, error) {
+// connWrapper wraps every connection its connector opens.
+type connWrapper struct {
+	driver.Connector
+	wrap func(driver.Conn) driver.Conn
+}
+
+func (c connWrapper) Connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.Connector.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &faultConn{Conn: conn, l: c.l}, nil
+	return c.wrap(conn), nil
+}
+
+// passConn passes to the driver's connection what database/sql asks of
+// a connection besides the driver.Conn methods.
+type passConn struct{ driver.Conn }
+
+func (c passConn) CheckNamedValue(nv *driver.NamedValue) error {
+	if ch, ok := c.Conn.(driver.NamedValueChecker); ok {
+		return ch.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}
+
+func (c passConn) ResetSession(ctx context.Context) error {
+	if r, ok := c.Conn.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
 }
 
 // faultConn passes everything to the driver's connection; only its
 // transactions' commits can fail.
 type faultConn struct {
-	driver.Conn
+	passConn
 	l       *lostCommits
 	holding atomic.Bool // a late COMMIT is under way: the pool must not use or close it
 }
@@ -103,20 +124,6 @@ func (c *faultConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, 
 		return p.PrepareContext(ctx, q)
 	}
 	return c.Conn.Prepare(q)
-}
-
-func (c *faultConn) CheckNamedValue(nv *driver.NamedValue) error {
-	if ch, ok := c.Conn.(driver.NamedValueChecker); ok {
-		return ch.CheckNamedValue(nv)
-	}
-	return driver.ErrSkip
-}
-
-func (c *faultConn) ResetSession(ctx context.Context) error {
-	if r, ok := c.Conn.(driver.SessionResetter); ok {
-		return r.ResetSession(ctx)
-	}
-	return nil
 }
 
 func (c *faultConn) IsValid() bool {
