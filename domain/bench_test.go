@@ -60,6 +60,7 @@ func benchPlaceOrder(b *testing.B) {
 	bd, p := benchLedger(b, b.N+100)
 	var i atomic.Int64
 	b.SetParallelism(benchParallelism())
+	grown := dbGrowth(b, bd)
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -73,6 +74,7 @@ func benchPlaceOrder(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "orders/s")
+	b.ReportMetric(float64(grown())/float64(b.N), "db-B/op")
 }
 
 // BenchmarkRecordPayment pays placed orders from parallel callers, as
@@ -93,6 +95,7 @@ func benchRecordPayment(b *testing.B) {
 	}
 	var next atomic.Int64
 	b.SetParallelism(benchParallelism())
+	grown := dbGrowth(b, bd)
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -107,6 +110,7 @@ func benchRecordPayment(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "payments/s")
+	b.ReportMetric(float64(grown())/float64(b.N), "db-B/op")
 }
 
 // BenchmarkCloseOrders closes due orders in the close worker's batches
@@ -131,6 +135,7 @@ func benchCloseOrders(b *testing.B, batch int) {
 	bd.clock.Advance(time.Hour)
 	var next atomic.Int64
 	b.SetParallelism(2)
+	grown := dbGrowth(b, bd)
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -156,7 +161,25 @@ func benchCloseOrders(b *testing.B, batch int) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "closes/s")
+	b.ReportMetric(float64(grown())/float64(b.N), "db-B/op")
 	bd.mustAudit(b)
+}
+
+// dbGrowth returns how many bytes the benchmark's database has grown by
+// since dbGrowth was called (tables and indexes, in whole pages): what a
+// benchmark wrote, a figure a busy machine does not move, where its
+// throughput swings.
+func dbGrowth(b *testing.B, bd *bundle) func() int64 {
+	size := func() int64 {
+		var n int64
+		if err := bd.db.NewRaw(`SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c
+			JOIN pg_namespace ns ON ns.oid = c.relnamespace WHERE c.relkind = 'r' AND ns.nspname = current_schema()`).Scan(bd.ctx, &n); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+	before := size()
+	return func() int64 { return size() - before }
 }
 
 // benchParallelism is goroutines per GOMAXPROCS for the parallel
