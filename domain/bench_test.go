@@ -1,12 +1,16 @@
 package domain_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/uptrace/bun"
 
 	"kami/domain"
 	"kami/domain/dbtest"
@@ -22,7 +26,9 @@ import (
 
 func benchLedger(b *testing.B, cards int) (*bundle, *domain.Product) {
 	db := dbtest.Open(b, dbtest.Postgres)
-	bd := setup(b, db, domain.Config{MaxPendingPerContact: 0, MaxPendingPerAddress: 0})
+	meter := &benchMeter{}
+	bd := setup(b, db.WithQueryHook(meter), domain.Config{MaxPendingPerContact: 0, MaxPendingPerAddress: 0})
+	bd.meter = meter
 	p := bd.product(b, 100, 0)
 	for start := 0; start < cards; start += domain.MaxCodesPerCall {
 		codes := make([]string, 0, domain.MaxCodesPerCall)
@@ -60,7 +66,7 @@ func benchPlaceOrder(b *testing.B) {
 	bd, p := benchLedger(b, b.N+100)
 	var i atomic.Int64
 	b.SetParallelism(benchParallelism())
-	grown := dbGrowth(b, bd)
+	measured := bd.meter.start(b, bd)
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -74,7 +80,7 @@ func benchPlaceOrder(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "orders/s")
-	b.ReportMetric(float64(grown())/float64(b.N), "db-B/op")
+	measured()
 }
 
 // BenchmarkRecordPayment pays placed orders from parallel callers, as
@@ -95,7 +101,7 @@ func benchRecordPayment(b *testing.B) {
 	}
 	var next atomic.Int64
 	b.SetParallelism(benchParallelism())
-	grown := dbGrowth(b, bd)
+	measured := bd.meter.start(b, bd)
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -110,7 +116,7 @@ func benchRecordPayment(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "payments/s")
-	b.ReportMetric(float64(grown())/float64(b.N), "db-B/op")
+	measured()
 }
 
 // BenchmarkCloseOrders closes due orders in the close worker's batches
@@ -135,7 +141,7 @@ func benchCloseOrders(b *testing.B, batch int) {
 	bd.clock.Advance(time.Hour)
 	var next atomic.Int64
 	b.SetParallelism(2)
-	grown := dbGrowth(b, bd)
+	measured := bd.meter.start(b, bd)
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -161,15 +167,35 @@ func benchCloseOrders(b *testing.B, batch int) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "closes/s")
-	b.ReportMetric(float64(grown())/float64(b.N), "db-B/op")
+	measured()
 	bd.mustAudit(b)
 }
 
-// dbGrowth returns how many bytes the benchmark's database has grown by
-// since dbGrowth was called (tables and indexes, in whole pages): what a
-// benchmark wrote, a figure a busy machine does not move, where its
-// throughput swings.
-func dbGrowth(b *testing.B, bd *bundle) func() int64 {
+// benchMeter measures, beside a benchmark's throughput, two figures a
+// busy machine moves less: how many bytes each operation adds to the
+// tables (db-B/op), and the share of the time the database spent on the
+// statements of the timed operations that went to the outbox's INSERTs
+// (outbox-%: load slows both alike). It is the database's query hook.
+type benchMeter struct {
+	on          atomic.Bool
+	all, outbox atomic.Int64 // statement time, ns
+}
+
+func (m *benchMeter) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+
+func (m *benchMeter) AfterQuery(_ context.Context, e *bun.QueryEvent) {
+	if !m.on.Load() {
+		return
+	}
+	d := int64(time.Since(e.StartTime))
+	m.all.Add(d)
+	if strings.HasPrefix(e.Query, `INSERT INTO "events"`) {
+		m.outbox.Add(d)
+	}
+}
+
+// start starts measuring; what it returns reports the figures.
+func (m *benchMeter) start(b *testing.B, bd *bundle) func() {
 	size := func() int64 {
 		var n int64
 		if err := bd.db.NewRaw(`SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c
@@ -179,7 +205,16 @@ func dbGrowth(b *testing.B, bd *bundle) func() int64 {
 		return n
 	}
 	before := size()
-	return func() int64 { return size() - before }
+	m.all.Store(0)
+	m.outbox.Store(0)
+	m.on.Store(true)
+	return func() {
+		m.on.Store(false)
+		b.ReportMetric(float64(size()-before)/float64(b.N), "db-B/op")
+		if all := m.all.Load(); all > 0 {
+			b.ReportMetric(100*float64(m.outbox.Load())/float64(all), "outbox-%")
+		}
+	}
 }
 
 // benchParallelism is goroutines per GOMAXPROCS for the parallel
