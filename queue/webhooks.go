@@ -184,7 +184,7 @@ func (w *WebhookWorkers) claimRound() {
 			w.more.Store(true)
 			return
 		}
-		n := min(w.Batch, free)
+		n := min(max(w.Batch, 1), free)
 		c, err := w.q.Claim(w.ctx, w.cfg.Now(), n, w.cfg.Lease)
 		if err != nil {
 			w.redisErrors.Add(1)
@@ -358,6 +358,9 @@ func (w *WebhookWorkers) send(until time.Time, member string, ep int64) {
 	w.lanes.inFlight--
 	w.lanes.drop(ep, l)
 	w.lanes.mu.Unlock()
+	if w.stopping() {
+		return // what it parked comes due at its parked time
+	}
 	if w.hurry(ep) > 0 || w.more.Load() {
 		w.claimDue()
 	}
