@@ -54,3 +54,8 @@ func (l *Ledger) SetMaxQueuedPlacesForTest(n int) { l.placer.MaxQueued = n }
 // SetPlaceTimeoutForTest bounds each placement batch's work; call it
 // before the ledger is used.
 func (l *Ledger) SetPlaceTimeoutForTest(d time.Duration) { l.placer.Timeout = d }
+
+// SetOutboxForTest turns the outbox off (no event built nor written) or
+// back on, for the benchmarks' figure without it. Never from a test that
+// runs beside others.
+func SetOutboxForTest(on bool) { outboxOff.Store(!on) }

@@ -52,6 +52,7 @@ type bundle struct {
 	ledger *domain.Ledger
 	clock  *domaintest.Clock
 	alerts *alerts
+	meter  *benchMeter // the benchmarks'
 }
 
 func setup(t testing.TB, db *bun.DB, cfg domain.Config) *bundle {

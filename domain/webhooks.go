@@ -621,6 +621,23 @@ func (h *Webhooks) DueDeliveries(ctx context.Context, before time.Time, limit in
 	return out, nil
 }
 
+// DeliveryEndpoints maps each of the deliveries ids that exists to its
+// endpoint: the delivery workers give each endpoint a lane of its own.
+func (h *Webhooks) DeliveryEndpoints(ctx context.Context, ids []int64) (map[int64]int64, error) {
+	out := make(map[int64]int64, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	var rows []WebhookDelivery
+	if err := h.Ledger.db.NewSelect().Model(&rows).Column("id", "endpoint_id").Where("id IN (?)", bun.List(ids)).Scan(ctx); err != nil {
+		return nil, err
+	}
+	for _, d := range rows {
+		out[d.ID] = d.EndpointID
+	}
+	return out, nil
+}
+
 // Backlog is what waits to be delivered.
 type Backlog struct {
 	Events      int64     // events not fanned out yet

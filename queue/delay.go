@@ -136,12 +136,38 @@ func (q *DelayQueue) Ack(ctx context.Context, until time.Time, members ...string
 	if len(members) == 0 {
 		return 0, nil
 	}
-	args := make([]any, 0, len(members)+1)
-	args = append(args, ms(until))
+	return ackScript.Run(ctx, q.rdb, []string{q.lease}, scriptArgs(members, ms(until))...).Int()
+}
+
+// Release puts members claimed with the lease until back on the queue,
+// due at due, and ends their lease, in one step (lease-safe: members no
+// longer held under that lease are left alone, and a member queued again
+// meanwhile keeps an earlier due time). It reports how many it put back.
+func (q *DelayQueue) Release(ctx context.Context, until, due time.Time, members ...string) (int, error) {
+	if len(members) == 0 {
+		return 0, nil
+	}
+	return releaseScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, scriptArgs(members, ms(until), dueMS(due))...).Int()
+}
+
+// Advance makes queued members due at due if they were due later; members
+// not on the queue (claimed, acked) are left alone. It reports how many
+// it moved.
+func (q *DelayQueue) Advance(ctx context.Context, due time.Time, members ...string) (int, error) {
+	if len(members) == 0 {
+		return 0, nil
+	}
+	return advanceScript.Run(ctx, q.rdb, []string{q.queue}, scriptArgs(members, dueMS(due))...).Int()
+}
+
+// scriptArgs is a script's ARGV: head, then the members.
+func scriptArgs(members []string, head ...any) []any {
+	args := make([]any, 0, len(head)+len(members))
+	args = append(args, head...)
 	for _, m := range members {
 		args = append(args, m)
 	}
-	return ackScript.Run(ctx, q.rdb, []string{q.lease}, args...).Int()
+	return args
 }
 
 // Recover puts every member whose lease ended at or before now back on the

@@ -184,6 +184,69 @@ func TestLeaseExpiryAckAndRecover(t *testing.T) {
 	})
 }
 
+// TestReleaseAndAdvance: Release puts back only what the caller's lease
+// still holds (a member taken over after its lease expired stays with its
+// new holder) and never delays a member queued sooner meanwhile; Advance
+// moves only members on the queue, and only earlier.
+func TestReleaseAndAdvance(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, rs *redistest.Server) {
+		ctx := context.Background()
+		q := queue.WebhookQueue(rs.Client, queue.NewKeys(rs.Prefix(t)))
+		now := time.UnixMilli(time.Now().UnixMilli())
+		for _, m := range []string{"a", "b", "c"} {
+			if err := q.Schedule(ctx, m, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first, err := q.Claim(ctx, now, 10, 30*time.Second)
+		if err != nil || len(first.Members) != 3 {
+			t.Fatalf("claim: %v %v", first.Members, err)
+		}
+		// The leases expire and another worker claims all three; a and b
+		// come round again and the first worker claims them once more: it
+		// holds a and b, and c is the other worker's.
+		later := now.Add(30 * time.Second)
+		if _, err := q.Recover(ctx, later); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := q.Claim(ctx, later, 3, 30*time.Second); err != nil || len(c.Members) != 3 {
+			t.Fatalf("claim after recovery: %v %v", c.Members, err)
+		}
+		for _, m := range []string{"a", "b"} {
+			if err := q.Schedule(ctx, m, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first, err = q.Claim(ctx, now, 2, 10*time.Second)
+		if err != nil || len(first.Members) != 2 {
+			t.Fatalf("claim a and b: %v %v", first.Members, err)
+		}
+		// b is scheduled again, due now, while leased (a redelivery).
+		if err := q.Schedule(ctx, "b", now); err != nil {
+			t.Fatal(err)
+		}
+		park := now.Add(time.Hour)
+		if n, err := q.Release(ctx, first.Until, park, "a", "b", "c"); err != nil || n != 2 {
+			t.Fatalf("released %d (%v), want a and b", n, err)
+		}
+		st, err := q.Stats(ctx, now)
+		if err != nil || st.Backlog != 2 || st.Due != 1 || st.Leased != 1 {
+			t.Fatalf("after the release: %+v %v; want a parked, b due, c leased by the other worker", st, err)
+		}
+		if n, err := q.Ack(ctx, first.Until, "a", "b"); err != nil || n != 0 {
+			t.Fatalf("a released member is still leased: ack removed %d (%v)", n, err)
+		}
+		// Advance: a moves up, b (due already) and c (leased) stay.
+		if n, err := q.Advance(ctx, now, "a", "b", "c", "gone"); err != nil || n != 1 {
+			t.Fatalf("advanced %d (%v), want a", n, err)
+		}
+		st, err = q.Stats(ctx, now)
+		if err != nil || st.Backlog != 2 || st.Due != 2 || st.Leased != 1 {
+			t.Fatalf("after the advance: %+v %v", st, err)
+		}
+	})
+}
+
 func TestConnect(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

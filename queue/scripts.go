@@ -63,6 +63,51 @@ end
 return n
 `)
 
+// releaseScript puts members back on the queue, due at ARGV[2], and ends
+// their lease, in one step: a member no longer held under the caller's
+// lease (it expired, another worker holds it now) is left alone, and one
+// already on the queue due earlier keeps its time.
+//
+// KEYS[1] queue ZSET, KEYS[2] lease ZSET
+// ARGV[1] lease deadline (ms) the members were claimed with, ARGV[2] due
+// (ms), ARGV[3..] members
+// Returns the number of members put back.
+var releaseScript = redis.NewScript(`
+local due = tonumber(ARGV[2])
+local n = 0
+for i = 3, #ARGV do
+	local s = redis.call('ZSCORE', KEYS[2], ARGV[i])
+	if s and tonumber(s) == tonumber(ARGV[1]) then
+		redis.call('ZREM', KEYS[2], ARGV[i])
+		local q = redis.call('ZSCORE', KEYS[1], ARGV[i])
+		if not q or tonumber(q) > due then
+			redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i])
+		end
+		n = n + 1
+	end
+end
+return n
+`)
+
+// advanceScript makes queued members due earlier, at ARGV[1]; a member not
+// on the queue (claimed, done) or already due by then is left alone.
+//
+// KEYS[1] queue ZSET
+// ARGV[1] due (ms), ARGV[2..] members
+// Returns the number of members moved.
+var advanceScript = redis.NewScript(`
+local due = tonumber(ARGV[1])
+local n = 0
+for i = 2, #ARGV do
+	local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+	if s and tonumber(s) > due then
+		redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i])
+		n = n + 1
+	end
+end
+return n
+`)
+
 // scheduleIfAbsentScript adds members that are neither queued nor leased
 // (the sweeper's rebuild: a task being worked on is not added twice, and a
 // queued task keeps its score).

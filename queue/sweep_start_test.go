@@ -73,6 +73,7 @@ func TestStartupSweepLetsTheDrainGoFirst(t *testing.T) {
 			}
 			e.clock.Advance(ttl)
 			hook := &sweepReadHook{q: q, now: e.clock.Now, due: make(chan int64, 1)}
+			//lint:ignore SA1019 the workers started below use this very db; WithQueryHook would hand them another
 			db.AddQueryHook(hook)
 			e.workers(t, queue.Config{CloseBatch: batch, CloseDrainers: 1, SweepEvery: time.Hour})
 			eventually(t, 30*time.Second, "every order closed, the lost one too", func() bool { return pendingCount(t, db) == 0 })

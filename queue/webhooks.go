@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +22,15 @@ import (
 // database decides every step (the attempt is taken by a conditional
 // update); the queue only schedules, and the sweeper rebuilds it from the
 // database when Redis lost it.
+//
+// Each endpoint has a lane: at most PerEndpoint of its deliveries are
+// attempted at once in this process, and at most Parallel in all. A claim
+// takes no more than the free senders can start; a claimed delivery whose
+// lane is full is parked: put back on the queue (with its lease ended, in
+// one step) due when the lane's attempts must have ended, and made due
+// again as soon as one of them does. Nothing waits for a batch: a sender
+// that finishes lets the drain claim again, so an endpoint that hangs
+// until the timeout holds its own lane and nothing else.
 type WebhookWorkers struct {
 	cfg   Config
 	rdb   redis.UniversalClient
@@ -30,14 +40,48 @@ type WebhookWorkers struct {
 	q     *DelayQueue
 	bo    backoff
 
-	// Batch is how many deliveries one claim takes; Parallel how many are
-	// attempted at once (each may wait up to the webhook timeout).
-	Batch, Parallel int
+	// Batch caps one claim; Parallel is how many attempts run at once
+	// (each may wait up to the webhook timeout), PerEndpoint how many of
+	// them may go to one endpoint. Set before Start.
+	Batch, Parallel, PerEndpoint int
 
-	fannedOut, attempts, redisErrors, errors atomic.Int64
+	fannedOut, attempts, redisErrors, errors, parked atomic.Int64
+
+	lanes lanes
+	// claiming is held by the one claim loop of this process; again asks
+	// it to go round once more; more says it stopped with due deliveries
+	// possibly left (no free sender), so a sender that ends claims again.
+	claiming    sync.Mutex
+	again, more atomic.Bool
 
 	jobs
 }
+
+// lanes are the attempts in flight, in all and per endpoint.
+type lanes struct {
+	mu       sync.Mutex
+	inFlight int
+	by       map[int64]*lane
+}
+
+// lane is one endpoint's: its attempts in flight, and the deliveries
+// parked because it was full, oldest first, to be made due again one by
+// one as its senders free (at most maxRemembered: the rest come due at
+// their parked time). parked may hold members no longer parked (they came
+// due on their own and were started); isParked says which are.
+type lane struct {
+	inFlight int
+	parked   []string
+	isParked map[string]bool
+}
+
+// maxRemembered bounds the parked deliveries a lane remembers.
+const maxRemembered = 1000
+
+// maxClaimedPerRound bounds what one round of the claim loop takes (a
+// walk past a stalled endpoint's backlog parks it all); the next sender to
+// end or the next tick goes on.
+const maxClaimedPerRound = MaxClaim
 
 // WebhookQueue is the webhook delivery queue under keys.
 func WebhookQueue(rdb redis.UniversalClient, keys Keys) *DelayQueue {
@@ -52,7 +96,8 @@ func NewWebhookWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, hooks *
 	}
 	cfg = cfg.withDefaults(hooks.Ledger)
 	w := &WebhookWorkers{cfg: cfg, rdb: rdb, keys: keys, hooks: hooks, log: logger.With("component", "webhooks"),
-		q: WebhookQueue(rdb, keys), Batch: 50, Parallel: 8, jobs: newJobs()}
+		q: WebhookQueue(rdb, keys), Batch: 50, Parallel: 16, PerEndpoint: 4, jobs: newJobs()}
+	w.lanes.by = map[int64]*lane{}
 	w.bo.max = cfg.MaxBackoff
 	hooks.Schedule = w.schedule
 	// A delivery in flight when its lease ends is claimed again and found
@@ -67,11 +112,19 @@ type WebhookStats struct {
 	Attempts    int64 // delivery attempts made or looked at
 	Errors      int64 // attempts that failed with an error of kami's (database)
 	RedisErrors int64
+	// Parked counts deliveries put back on the queue because their
+	// endpoint's lane was full.
+	Parked   int64
+	InFlight int64 // attempts running now
 }
 
 // Stats returns the counters.
 func (w *WebhookWorkers) Stats() WebhookStats {
-	return WebhookStats{FannedOut: w.fannedOut.Load(), Attempts: w.attempts.Load(), Errors: w.errors.Load(), RedisErrors: w.redisErrors.Load()}
+	w.lanes.mu.Lock()
+	inFlight := w.lanes.inFlight
+	w.lanes.mu.Unlock()
+	return WebhookStats{FannedOut: w.fannedOut.Load(), Attempts: w.attempts.Load(), Errors: w.errors.Load(), RedisErrors: w.redisErrors.Load(),
+		Parked: w.parked.Load(), InFlight: int64(inFlight)}
 }
 
 // QueueStats reads the delivery queue's backlog and lag.
@@ -89,7 +142,8 @@ func (w *WebhookWorkers) Start(ctx context.Context) error {
 // first they are cancelled (their deliveries come back after their lease).
 func (w *WebhookWorkers) Stop(ctx context.Context) error { return w.stop(ctx) }
 
-// Drain fans out new events and attempts every due delivery.
+// Drain fans out new events and starts an attempt at every due delivery
+// its lane has room for; it does not wait for them.
 func (w *WebhookWorkers) Drain() {
 	if w.stopping() || !w.bo.ready() {
 		return
@@ -99,8 +153,39 @@ func (w *WebhookWorkers) Drain() {
 		w.log.Warn("webhook fan-out failed; backing off", "err", err, "pause", d)
 		return
 	}
-	for !w.stopping() {
-		c, err := w.q.Claim(w.ctx, w.cfg.Now(), w.Batch, w.cfg.Lease)
+	w.claimDue()
+}
+
+// claimDue runs the claim loop, or, when it is running, has it go round
+// once more.
+func (w *WebhookWorkers) claimDue() {
+	w.again.Store(true)
+	for w.again.Load() && !w.stopping() && w.bo.ready() {
+		if !w.claiming.TryLock() {
+			return // the running loop sees again and goes round once more
+		}
+		w.again.Store(false)
+		w.claimRound()
+		w.claiming.Unlock()
+	}
+}
+
+// claimRound claims what the free senders can start until nothing is due
+// or no sender is free.
+func (w *WebhookWorkers) claimRound() {
+	for claimed := 0; claimed < maxClaimedPerRound; {
+		if w.stopping() {
+			return
+		}
+		w.lanes.mu.Lock()
+		free := max(w.Parallel, 1) - w.lanes.inFlight
+		w.lanes.mu.Unlock()
+		if free <= 0 {
+			w.more.Store(true)
+			return
+		}
+		n := min(max(w.Batch, 1), free)
+		c, err := w.q.Claim(w.ctx, w.cfg.Now(), n, w.cfg.Lease)
 		if err != nil {
 			w.redisErrors.Add(1)
 			d := w.bo.fail()
@@ -108,10 +193,176 @@ func (w *WebhookWorkers) Drain() {
 			return
 		}
 		w.bo.ok()
-		eachClaimed(c.Members, w.Parallel, func(m string) { w.deliver(w.ctx, c.Until, m) })
-		if len(c.Members) < w.Batch {
+		claimed += len(c.Members)
+		hurried, err := w.dispatch(c)
+		if err != nil {
+			d := w.bo.fail()
+			w.log.Warn("webhook lanes could not be read; backing off", "err", err, "pause", d)
 			return
 		}
+		if len(c.Members) < n && !hurried {
+			w.more.Store(false)
+			return
+		}
+	}
+	w.more.Store(true)
+}
+
+// dispatch starts a sender for every claimed delivery whose lane has room
+// and parks the others. It reports whether it made parked deliveries due
+// again (a lane freed meanwhile).
+func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
+	if len(c.Members) == 0 {
+		return false, nil
+	}
+	ids := make([]int64, 0, len(c.Members))
+	for _, m := range c.Members {
+		if id, err := strconv.ParseInt(m, 10, 64); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	endpoints, err := w.hooks.DeliveryEndpoints(w.ctx, ids)
+	if err != nil {
+		// Back on the queue as they were; their lease brings back any
+		// this cannot put back.
+		if _, rerr := w.q.Release(w.ctx, c.Until, w.cfg.Now(), c.Members...); rerr != nil {
+			w.redisErrors.Add(1)
+		}
+		w.errors.Add(1)
+		return false, err
+	}
+	// A member naming no delivery goes through lane 0, where deliver
+	// drops it.
+	endpointOf := func(m string) int64 {
+		id, _ := strconv.ParseInt(m, 10, 64)
+		return endpoints[id]
+	}
+	var parked []string
+	w.lanes.mu.Lock()
+	for _, m := range c.Members {
+		ep := endpointOf(m)
+		l := w.lanes.get(ep)
+		if l.inFlight >= max(w.PerEndpoint, 1) {
+			parked = append(parked, m)
+			continue
+		}
+		l.inFlight++
+		w.lanes.inFlight++
+		delete(l.isParked, m) // came due on its own: not to be hurried
+		w.wg.Add(1)
+		go w.send(c.Until, m, ep)
+	}
+	w.lanes.mu.Unlock()
+	if len(parked) == 0 {
+		return false, nil
+	}
+	// Due when the lane's attempts in flight must have ended; made due
+	// sooner by the first of them to end (hurry).
+	now := w.cfg.Now()
+	n, err := w.q.Release(w.ctx, c.Until, now.Add(max(w.hooks.Config.Timeout, time.Second)), parked...)
+	if err != nil {
+		// Left leased: the lease brings them back.
+		w.redisErrors.Add(1)
+		w.log.Warn("webhook deliveries of a busy endpoint could not be put back; their lease brings them back", "deliveries", len(parked), "err", err)
+		return false, nil
+	}
+	w.parked.Add(int64(n))
+	// Remembered only now that they are on the queue: a sender that ended
+	// before finds the lane with room below, one that ends after finds
+	// them remembered.
+	w.lanes.mu.Lock()
+	touched := map[int64]bool{}
+	for _, m := range parked {
+		ep := endpointOf(m)
+		w.lanes.get(ep).remember(m)
+		touched[ep] = true
+	}
+	w.lanes.mu.Unlock()
+	hurried := false
+	for ep := range touched {
+		if w.hurry(ep) > 0 {
+			hurried = true
+		}
+	}
+	return hurried, nil
+}
+
+// get returns ep's lane, made on first use. Under l.mu.
+func (l *lanes) get(ep int64) *lane {
+	ln := l.by[ep]
+	if ln == nil {
+		ln = &lane{isParked: map[string]bool{}}
+		l.by[ep] = ln
+	}
+	return ln
+}
+
+// remember notes a parked delivery, once.
+func (l *lane) remember(m string) {
+	if l.isParked[m] || len(l.parked) >= maxRemembered {
+		return
+	}
+	l.isParked[m] = true
+	l.parked = append(l.parked, m)
+}
+
+// hurry makes as many of ep's parked deliveries due now as its lane has
+// free senders, skipping those no longer on the queue (claimed again,
+// delivered by another process), and reports how many it made due.
+func (w *WebhookWorkers) hurry(ep int64) int {
+	moved := 0
+	for {
+		w.lanes.mu.Lock()
+		l := w.lanes.get(ep)
+		var ms []string
+		for want := max(w.PerEndpoint, 1) - l.inFlight - moved; len(ms) < want && len(l.parked) > 0; {
+			m := l.parked[0]
+			l.parked = l.parked[1:]
+			if l.isParked[m] {
+				delete(l.isParked, m)
+				ms = append(ms, m)
+			}
+		}
+		w.lanes.drop(ep, l)
+		w.lanes.mu.Unlock()
+		if len(ms) == 0 {
+			return moved
+		}
+		n, err := w.q.Advance(w.ctx, w.cfg.Now(), ms...)
+		if err != nil {
+			// They come due at their parked time.
+			w.redisErrors.Add(1)
+			return moved
+		}
+		moved += n
+	}
+}
+
+// drop forgets a lane with nothing in flight and nothing parked. Under
+// l.mu.
+func (l *lanes) drop(ep int64, ln *lane) {
+	if ln.inFlight == 0 && len(ln.parked) == 0 {
+		delete(l.by, ep)
+	}
+}
+
+// send attempts one delivery in its lane, then frees the lane's sender:
+// a parked delivery of the lane is made due, and the drain claims again
+// if there is more to do.
+func (w *WebhookWorkers) send(until time.Time, member string, ep int64) {
+	defer w.wg.Done()
+	w.deliver(w.ctx, until, member)
+	w.lanes.mu.Lock()
+	l := w.lanes.get(ep)
+	l.inFlight--
+	w.lanes.inFlight--
+	w.lanes.drop(ep, l)
+	w.lanes.mu.Unlock()
+	if w.stopping() {
+		return // what it parked comes due at its parked time
+	}
+	if w.hurry(ep) > 0 || w.more.Load() {
+		w.claimDue()
 	}
 }
 

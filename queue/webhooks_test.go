@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -46,13 +47,77 @@ func (r *hookReceiver) got() []string {
 // webhooks is the webhook service over the env's ledger with an endpoint
 // at r for order.paid (receivers on 127.0.0.1 allowed).
 func webhooksTo(t testing.TB, l *domain.Ledger, r *hookReceiver) *domain.Webhooks {
+	return webhooksAt(t, l, 5*time.Second, r.srv.URL)
+}
+
+// webhooksAt is the webhook service over l whose attempts give up after
+// timeout, with one order.paid endpoint per url, created in that order.
+func webhooksAt(t testing.TB, l *domain.Ledger, timeout time.Duration, urls ...string) *domain.Webhooks {
 	t.Helper()
-	h := domain.NewWebhooks(l, domain.WebhookConfig{Timeout: 5 * time.Second, Guard: webhook.Guard{AllowPrivate: true}}, domain.LogAlerter{Logger: quietLogger()}, quietLogger())
-	url := r.srv.URL
-	if _, _, err := h.CreateEndpoint(context.Background(), domain.WebhookEndpointInput{URL: &url, Events: []domain.EventType{domain.EventOrderPaid}}, "test"); err != nil {
-		t.Fatal(err)
+	h := domain.NewWebhooks(l, domain.WebhookConfig{Timeout: timeout, Guard: webhook.Guard{AllowPrivate: true}}, domain.LogAlerter{Logger: quietLogger()}, quietLogger())
+	for _, url := range urls {
+		if _, _, err := h.CreateEndpoint(context.Background(), domain.WebhookEndpointInput{URL: &url, Events: []domain.EventType{domain.EventOrderPaid}}, "test"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return h
+}
+
+// stallingReceiver is an endpoint that holds every request open until the
+// test lets go of it (or the sender gives up), then answers 200.
+type stallingReceiver struct {
+	srv      *httptest.Server
+	release  chan struct{}
+	once     sync.Once
+	mu       sync.Mutex
+	ids      []string // event ids, in order of arrival
+	held     int      // requests being held now
+	mostHeld int
+}
+
+func newStallingReceiver(t testing.TB) *stallingReceiver {
+	r := &stallingReceiver{release: make(chan struct{})}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		io.Copy(io.Discard, req.Body)
+		r.mu.Lock()
+		r.ids = append(r.ids, req.Header.Get("Kami-Event-Id"))
+		r.held++
+		r.mostHeld = max(r.mostHeld, r.held)
+		r.mu.Unlock()
+		select {
+		case <-r.release:
+		case <-req.Context().Done():
+		}
+		r.mu.Lock()
+		r.held--
+		r.mu.Unlock()
+	}))
+	t.Cleanup(r.srv.Close)
+	t.Cleanup(r.letGo) // first: Close waits for the requests it holds
+	return r
+}
+
+// letGo answers every request held and every one to come.
+func (r *stallingReceiver) letGo() { r.once.Do(func() { close(r.release) }) }
+
+// state is the event ids received so far, how many requests are held
+// now, and the most ever held at once.
+func (r *stallingReceiver) state() (ids []string, held, mostHeld int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.ids...), r.held, r.mostHeld
+}
+
+// distinct fails the test unless ids are n different event ids.
+func distinct(t testing.TB, who string, ids []string, n int) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, id := range ids {
+		seen[id] = true
+	}
+	if len(ids) != n || len(seen) != n {
+		t.Fatalf("%s received %v, want %d events once each", who, ids, n)
+	}
 }
 
 // webhookWorkers starts delivery workers that stop when the test ends.
@@ -209,4 +274,89 @@ func TestWebhookSurvivesKill9(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stalledWorkers pays n orders, each an event for every endpoint at urls,
+// and starts delivery workers whose attempts time out long after the test:
+// only the receiver ends a stalled request. It lets stalled go before the
+// workers stop (Stop waits for the attempts in flight).
+func stalledWorkers(t *testing.T, e *env, stalled *stallingReceiver, n int, urls ...string) *queue.WebhookWorkers {
+	t.Helper()
+	h := webhooksAt(t, e.ledger, time.Hour, urls...)
+	p := e.product(t, n)
+	for i := range n {
+		payOrder(t, e.ledger, p, fmt.Sprintf("T%d", i))
+	}
+	w := webhookWorkers(t, e.redis, e.keys, h)
+	t.Cleanup(stalled.letGo)
+	return w
+}
+
+// TestWebhookStalledEndpointDoesNotDelayOthers: one endpoint holds every
+// request open (as a receiver that hangs until the attempt's timeout
+// does) and another answers at once. The healthy endpoint receives every
+// event while the stalled one still holds its requests, the stalled one
+// never holds more than its lane's senders, and once it answers it
+// receives every event too.
+func TestWebhookStalledEndpointDoesNotDelayOthers(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{})
+		stalled, healthy := newStallingReceiver(t), newHookReceiver(t)
+		const n = 16
+		w := stalledWorkers(t, e, stalled, n, stalled.srv.URL, healthy.srv.URL)
+		eventually(t, 30*time.Second, "the healthy endpoint received every event while the stalled one holds requests", func() bool {
+			_, held, _ := stalled.state()
+			return len(healthy.got()) >= n && held > 0
+		})
+		ids, held, most := stalled.state()
+		if held != len(ids) {
+			t.Fatalf("the stalled endpoint holds %d of the %d requests it received; want all of them", held, len(ids))
+		}
+		if most > w.PerEndpoint {
+			t.Fatalf("the stalled endpoint held %d requests at once; its lane has %d senders", most, w.PerEndpoint)
+		}
+		stalled.letGo()
+		waitDelivered(t, db, 2*n)
+		ids, _, most = stalled.state()
+		distinct(t, "the stalled endpoint", ids, n)
+		distinct(t, "the healthy endpoint", healthy.got(), n)
+		if most > w.PerEndpoint {
+			t.Fatalf("the stalled endpoint held %d requests at once; its lane has %d senders", most, w.PerEndpoint)
+		}
+	})
+}
+
+// TestWebhookBusyEndpointLosesNothing: the deliveries of an endpoint whose
+// lane is full wait on the queue (not due, not leased, not in memory only),
+// a FLUSHALL meanwhile loses none of them, and once the endpoint answers
+// again every one is delivered, once.
+func TestWebhookBusyEndpointLosesNothing(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{})
+		stalled := newStallingReceiver(t)
+		const n = 10
+		w := stalledWorkers(t, e, stalled, n, stalled.srv.URL)
+		k := w.PerEndpoint
+		queued := func(backlog, leased int64) bool {
+			st, err := w.QueueStats(e.ctx)
+			return err == nil && st.Backlog == backlog && st.Leased == leased && st.Due == 0
+		}
+		eventually(t, 30*time.Second, "the lane's senders held, the rest queued for later", func() bool {
+			_, held, _ := stalled.state()
+			return held == k && queued(int64(n-k), int64(k))
+		})
+		rs.Wipe(t, e.keys.Prefix())
+		// The sweeper queues every PENDING delivery again (the ones held
+		// at their attempt's end), the drain parks those it cannot send.
+		eventually(t, 30*time.Second, "every delivery queued again after the flush", func() bool { return queued(n, 0) })
+		stalled.letGo()
+		waitDelivered(t, db, n)
+		ids, _, most := stalled.state()
+		distinct(t, "the endpoint", ids, n)
+		if most > k {
+			t.Fatalf("the endpoint held %d requests at once; its lane has %d senders", most, k)
+		}
+	})
 }
