@@ -237,13 +237,25 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 		id, _ := strconv.ParseInt(m, 10, 64)
 		return endpoints[id]
 	}
+	// A parked delivery's slot: the k-th delivery waiting in its lane
+	// cannot be sent before k/PerEndpoint rounds of the lane's attempts
+	// have ended, so it is parked that many timeouts out. Parked all at
+	// one time, a hanging endpoint's backlog would come due together
+	// every timeout and be walked again ahead of every other endpoint's
+	// deliveries.
 	var parked []string
+	slots := map[int][]string{}
+	waiting := map[int64]int{}
 	w.lanes.mu.Lock()
 	for _, m := range c.Members {
 		ep := endpointOf(m)
 		l := w.lanes.get(ep)
 		if l.inFlight >= max(w.PerEndpoint, 1) {
 			parked = append(parked, m)
+			ahead := min(len(l.parked)+waiting[ep], maxRemembered)
+			waiting[ep]++
+			slot := 1 + ahead/max(w.PerEndpoint, 1)
+			slots[slot] = append(slots[slot], m)
 			continue
 		}
 		l.inFlight++
@@ -256,17 +268,20 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 	if len(parked) == 0 {
 		return false, nil
 	}
-	// Due when the lane's attempts in flight must have ended; made due
-	// sooner by the first of them to end (hurry).
+	// Due when the lane's attempts ahead of them must have ended; made
+	// due sooner as those end (hurry).
 	now := w.cfg.Now()
-	n, err := w.q.Release(w.ctx, c.Until, now.Add(max(w.hooks.Config.Timeout, time.Second)), parked...)
-	if err != nil {
-		// Left leased: the lease brings them back.
-		w.redisErrors.Add(1)
-		w.log.Warn("webhook deliveries of a busy endpoint could not be put back; their lease brings them back", "deliveries", len(parked), "err", err)
-		return false, nil
+	timeout := max(w.hooks.Config.Timeout, time.Second)
+	for slot, ms := range slots {
+		n, err := w.q.Release(w.ctx, c.Until, now.Add(time.Duration(slot)*timeout), ms...)
+		if err != nil {
+			// Left leased: the lease brings them back.
+			w.redisErrors.Add(1)
+			w.log.Warn("webhook deliveries of a busy endpoint could not be put back; their lease brings them back", "deliveries", len(ms), "err", err)
+			return false, nil
+		}
+		w.parked.Add(int64(n))
 	}
-	w.parked.Add(int64(n))
 	// Remembered only now that they are on the queue: a sender that ended
 	// before finds the lane with room below, one that ends after finds
 	// them remembered.

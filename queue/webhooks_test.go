@@ -360,3 +360,49 @@ func TestWebhookBusyEndpointLosesNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestWebhookBusyEndpointBacklogIsSpread: a hanging endpoint's parked
+// deliveries are spread over the timeouts it needs to send them, at most
+// a lane's worth per timeout, instead of all coming due together every
+// timeout to be claimed, looked up and parked again ahead of every other
+// endpoint's deliveries.
+func TestWebhookBusyEndpointBacklogIsSpread(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{})
+		stalled := newStallingReceiver(t)
+		const n = 24
+		w := stalledWorkers(t, e, stalled, n, stalled.srv.URL)
+		k := w.PerEndpoint
+		eventually(t, 30*time.Second, "the lane's senders held, the rest parked", func() bool {
+			st, err := w.QueueStats(e.ctx)
+			_, held, _ := stalled.state()
+			return err == nil && held == k && st.Backlog == int64(n-k) && st.Leased == int64(k) && st.Due == 0
+		})
+		q := queue.WebhookQueue(rs.Client, e.keys)
+		zs, err := rs.Client.ZRangeWithScores(e.ctx, q.Key(), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(zs) != n-k {
+			t.Fatalf("%d deliveries parked, want %d", len(zs), n-k)
+		}
+		// The timeout here is an hour: no half hour may hold more than a
+		// lane's worth.
+		for i, z := range zs {
+			within := 0
+			for _, o := range zs[i:] {
+				if o.Score < z.Score+float64((30*time.Minute).Milliseconds()) {
+					within++
+				}
+			}
+			if within > k {
+				t.Fatalf("%d parked deliveries come due within half an hour of each other; a lane sends %d per timeout", within, k)
+			}
+		}
+		stalled.letGo()
+		waitDelivered(t, db, n)
+		ids, _, _ := stalled.state()
+		distinct(t, "the endpoint", ids, n)
+	})
+}
