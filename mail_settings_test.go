@@ -84,16 +84,20 @@ func TestPaidOrderMailedOnce(t *testing.T) {
 	if err != nil || len(page.Reveals) != 1 || page.Reveals[0].Channel != domain.RevealMail || page.Reveals[0].Actor != "mail" {
 		t.Fatalf("reveals %+v, %v", page, err)
 	}
-	res, err := http.Get(ta.srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsText, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	for _, want := range []string{`kami_mail_attempts_total{outcome="sent"} 1`, `kami_queue_backlog{queue="mail"}`} {
-		if !strings.Contains(string(metricsText), want) {
-			t.Errorf("/metrics lacks %s", want)
+	// The attempt is counted once its outcome is recorded, just after the
+	// row reads SENT: wait for the count, not for the row.
+	var metricsText []byte
+	domaintest.Eventually(t, 30*time.Second, "/metrics counts the mail sent", func() bool {
+		res, err := http.Get(ta.srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
 		}
+		metricsText, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+		return strings.Contains(string(metricsText), `kami_mail_attempts_total{outcome="sent"} 1`)
+	})
+	if !strings.Contains(string(metricsText), `kami_queue_backlog{queue="mail"}`) {
+		t.Errorf("/metrics lacks the mail queue's backlog")
 	}
 	if !strings.Contains(logs.String(), "order mail attempt") {
 		t.Fatal("the attempt was not logged")
