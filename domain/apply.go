@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
 )
 
 // column is one extra column a transition writes besides status.
@@ -58,6 +59,25 @@ func whereOrderNo(no string) func(*bun.UpdateQuery) *bun.UpdateQuery {
 
 func whereOrderNos(nos []string) func(*bun.UpdateQuery) *bun.UpdateQuery {
 	return func(q *bun.UpdateQuery) *bun.UpdateQuery { return q.Where("order_no IN (?)", bun.List(nos)) }
+}
+
+// whereOrderNosInLockOrder is whereOrderNos for an UPDATE that moves
+// several PENDING orders (a close batch, a payment batch). On PostgreSQL
+// the rows come from a sub-select that locks the PENDING ones first, in
+// order_no order: an UPDATE takes its row locks in the order its plan
+// walks the rows (a bitmap scan: heap order; the status index: expires_at,
+// id), and a close and a payment batch that lock two orders in opposite
+// orders deadlock (retried, but a second lost and a batch rolled back).
+// MySQL/MariaDB lock with SELECT … ORDER BY order_no FOR UPDATE first;
+// SQLite has one writer.
+func whereOrderNosInLockOrder(db bun.IDB, nos []string) func(*bun.UpdateQuery) *bun.UpdateQuery {
+	if dialectName(db) != dialect.PG {
+		return whereOrderNos(nos)
+	}
+	return func(q *bun.UpdateQuery) *bun.UpdateQuery {
+		return whereOrderNos(nos)(q).Where("id IN (SELECT id FROM orders WHERE order_no IN (?) AND status = ? ORDER BY order_no FOR UPDATE)",
+			bun.List(nos), OrderPending)
+	}
 }
 
 func whereIDs(ids []int64) func(*bun.UpdateQuery) *bun.UpdateQuery {

@@ -801,34 +801,22 @@ var closedColumns = []string{"order_no", "product_id", "quantity", "amount_fen",
 //
 // PostgreSQL and SQLite close and read in one statement (UPDATE …
 // RETURNING), and read the others (usually none) afterwards without a
-// lock: only the conditional UPDATE decides. An UPDATE takes its row locks
-// in the order its plan walks the rows, and PostgreSQL plans a 500-number
-// close as a bitmap scan (heap order) but a few payments as an index scan
-// (order_no order): two orders whose heap order is the reverse of their
-// numbers' deadlocked a close against a payment batch (retried, but a
-// second lost and a 500-order close rolled back). So on PostgreSQL the
-// UPDATE's rows come from a sub-select that locks them in order_no order,
-// as every other path does. MySQL and MariaDB, which have no UPDATE …
+// lock: only the conditional UPDATE decides. On PostgreSQL it locks its
+// rows in order_no order first (whereOrderNosInLockOrder), as a payment
+// batch does. MySQL and MariaDB, which have no UPDATE …
 // RETURNING, lock and read the orders first (in order_no order), then
 // close exactly the ones read as closable.
 func closeOrderRows(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy, now time.Time) (closed, others []Order, err error) {
 	due := func(nos []string) func(q *bun.UpdateQuery) *bun.UpdateQuery {
 		if reason != CloseTimeout {
-			return whereOrderNos(nos)
+			return whereOrderNosInLockOrder(tx, nos)
 		}
 		return func(q *bun.UpdateQuery) *bun.UpdateQuery {
-			return whereOrderNos(nos)(q).Where("expires_at <= ?", dueBy)
+			return whereOrderNosInLockOrder(tx, nos)(q).Where("expires_at <= ?", dueBy)
 		}
 	}
 	if dialectName(tx) != dialect.MySQL {
-		key := due(nos)
-		if dialectName(tx) == dialect.PG {
-			key = func(q *bun.UpdateQuery) *bun.UpdateQuery {
-				return due(nos)(q).Where("id IN (SELECT id FROM orders WHERE order_no IN (?) AND status = ? ORDER BY order_no FOR UPDATE)",
-					bun.List(nos), OrderPending)
-			}
-		}
-		if err := applyReturning(ctx, tx, OrderClose, now, key, closedColumns, &closed, col("closed_at = ?", now)); err != nil {
+		if err := applyReturning(ctx, tx, OrderClose, now, due(nos), closedColumns, &closed, col("closed_at = ?", now)); err != nil {
 			return nil, nil, err
 		}
 		sort.Slice(closed, func(i, j int) bool { return closed[i].OrderNo < closed[j].OrderNo })

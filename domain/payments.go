@@ -195,7 +195,8 @@ var errNotUsual = errors.New("a payment of the batch is not the usual case")
 // deliverPaid records the payments ps[at...] of orders read as PENDING, as
 // recordPayment's usual case does for one: the notifications, the orders
 // PENDING → PAID and their cards LOCKED → SOLD, the journal. The orders'
-// rows are locked in order_no order, as the close path locks them.
+// rows are locked in order_no order (whereOrderNosInLockOrder), as the
+// close path locks them.
 func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []int, orders map[string]*Order, results []*PaymentResult) error {
 	now := l.now()
 	var (
@@ -228,7 +229,7 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	// back whole.
 	writes := []writeQuery{
 		tx.NewInsert().Model(&notes),
-		transition(tx, OrderPay, now, whereOrderNos(nos), []column{
+		transition(tx, OrderPay, now, whereOrderNosInLockOrder(tx, nos), []column{
 			col(byOrderNo("trade_no", "?"), trade...), col(byOrderNo("paid_fen", "?"), fen...), col(byOrderNo("paid_at", timeParam(tx)), t...),
 			col("delivered_at = ?", now)}),
 		transition(tx, CardSell, now, whereOrderNos(nos), []column{col("sold_at = ?", now)}),
