@@ -607,11 +607,16 @@ func (h *Webhooks) Prune(ctx context.Context, limit int) (deliveries, events int
 
 // DueDeliveries lists PENDING deliveries due by before, oldest due first,
 // from the (status, next_attempt_at) index: what the sweeper puts back on
-// the queue after Redis lost it.
-func (h *Webhooks) DueDeliveries(ctx context.Context, before time.Time, limit int) ([]DeliveryDue, error) {
+// the queue after Redis lost it. after, if not nil, is the last one of the
+// previous page: the page starts past it.
+func (h *Webhooks) DueDeliveries(ctx context.Context, before time.Time, after *DeliveryDue, limit int) ([]DeliveryDue, error) {
 	var rows []WebhookDelivery
-	if err := h.Ledger.db.NewSelect().Model(&rows).Column("id", "next_attempt_at").Where("status = ?", DeliveryPending).
-		Where("next_attempt_at <= ?", before.UTC()).OrderExpr("next_attempt_at, id").Limit(int64(limit)).Scan(ctx); err != nil {
+	q := h.Ledger.db.NewSelect().Model(&rows).Column("id", "next_attempt_at").Where("status = ?", DeliveryPending).
+		Where("next_attempt_at <= ?", before.UTC())
+	if after != nil {
+		q = q.Where("(next_attempt_at > ? OR (next_attempt_at = ? AND id > ?))", after.Due.UTC(), after.Due.UTC(), after.ID)
+	}
+	if err := q.OrderExpr("next_attempt_at, id").Limit(int64(limit)).Scan(ctx); err != nil {
 		return nil, err
 	}
 	out := make([]DeliveryDue, len(rows))

@@ -44,6 +44,9 @@ type WebhookWorkers struct {
 	// (each may wait up to the webhook timeout), PerEndpoint how many of
 	// them may go to one endpoint. Set before Start.
 	Batch, Parallel, PerEndpoint int
+	// SweepPage is how many pending deliveries the sweeper reads at a
+	// time (it reads them all, page by page).
+	SweepPage int
 
 	fannedOut, attempts, redisErrors, errors, parked atomic.Int64
 
@@ -96,7 +99,7 @@ func NewWebhookWorkers(cfg Config, rdb redis.UniversalClient, keys Keys, hooks *
 	}
 	cfg = cfg.withDefaults(hooks.Ledger)
 	w := &WebhookWorkers{cfg: cfg, rdb: rdb, keys: keys, hooks: hooks, log: logger.With("component", "webhooks"),
-		q: WebhookQueue(rdb, keys), Batch: 50, Parallel: 16, PerEndpoint: 4, jobs: newJobs()}
+		q: WebhookQueue(rdb, keys), Batch: 50, Parallel: 16, PerEndpoint: 4, SweepPage: 10_000, jobs: newJobs()}
 	w.lanes.by = map[int64]*lane{}
 	w.bo.max = cfg.MaxBackoff
 	hooks.Schedule = w.schedule
@@ -477,19 +480,30 @@ func (w *WebhookWorkers) Sweep(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	added := 0
-	// Every PENDING delivery, due or not: a FLUSHALL lost the retries
-	// scheduled for later too.
-	ds, err := w.hooks.DueDeliveries(ctx, w.cfg.Now().Add(100*365*24*time.Hour), 10_000)
-	if err != nil {
-		return 0, err
-	}
-	items := make([]Item, len(ds))
-	for i, d := range ds {
-		items[i] = Item{Member: strconv.FormatInt(d.ID, 10), Due: d.Due}
-	}
-	if added, err = w.q.ScheduleIfAbsent(ctx, items); err != nil {
-		w.redisErrors.Add(1)
-		return added, err
+	// Every PENDING delivery, due or not (a FLUSHALL lost the retries
+	// scheduled for later too), page by page: a hanging endpoint's
+	// backlog, oldest first, must not fill one bounded read and keep the
+	// other endpoints' deliveries off the queue.
+	var after *domain.DeliveryDue
+	for {
+		ds, err := w.hooks.DueDeliveries(ctx, w.cfg.Now().Add(100*365*24*time.Hour), after, max(w.SweepPage, 1))
+		if err != nil {
+			return added, err
+		}
+		items := make([]Item, len(ds))
+		for i, d := range ds {
+			items[i] = Item{Member: strconv.FormatInt(d.ID, 10), Due: d.Due}
+		}
+		n, err := w.q.ScheduleIfAbsent(ctx, items)
+		added += n
+		if err != nil {
+			w.redisErrors.Add(1)
+			return added, err
+		}
+		if len(ds) < max(w.SweepPage, 1) {
+			break
+		}
+		after = &ds[len(ds)-1]
 	}
 	if added > 0 {
 		w.log.Info("webhook sweeper restored deliveries", "deliveries", added)

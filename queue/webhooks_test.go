@@ -406,3 +406,32 @@ func TestWebhookBusyEndpointBacklogIsSpread(t *testing.T) {
 		distinct(t, "the endpoint", ids, n)
 	})
 }
+
+// TestWebhookSweepReadsEveryPage: after a FLUSHALL the sweeper puts every
+// pending delivery back, however many there are, page by page: one
+// bounded read (oldest first) would leave the newer ones, which a hanging
+// endpoint's backlog can keep out for good, off the queue.
+func TestWebhookSweepReadsEveryPage(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{})
+		r := newHookReceiver(t)
+		h := webhooksAt(t, e.ledger, time.Minute, r.srv.URL)
+		p := e.product(t, 5)
+		for i := range 5 {
+			payOrder(t, e.ledger, p, fmt.Sprintf("T%d", i))
+		}
+		w := queue.NewWebhookWorkers(queue.Config{Lease: 2 * time.Second}, rs.Client, e.keys, h, quietLogger())
+		w.SweepPage = 2
+		if _, err := w.Sweep(e.ctx); err != nil { // fans out and queues
+			t.Fatal(err)
+		}
+		rs.Wipe(t, e.keys.Prefix())
+		if n, err := w.Sweep(e.ctx); err != nil || n != 5 {
+			t.Fatalf("the sweep after the flush queued %d, %v; want all 5", n, err)
+		}
+		w.Drain()
+		waitDelivered(t, db, 5)
+		distinct(t, "the endpoint", r.got(), 5)
+	})
+}
