@@ -327,6 +327,24 @@ func TestWebhookStalledEndpointDoesNotDelayOthers(t *testing.T) {
 	})
 }
 
+// waitLaneFull waits until the stalled endpoint holds its lane's senders
+// and the rest of its n deliveries wait on the queue: not due, not leased.
+func waitLaneFull(t *testing.T, e *env, w *queue.WebhookWorkers, stalled *stallingReceiver, n int) {
+	t.Helper()
+	k := w.PerEndpoint
+	eventually(t, 30*time.Second, "the lane's senders held, the rest queued for later", func() bool {
+		_, held, _ := stalled.state()
+		return held == k && queuedAs(e, w, int64(n-k), int64(k))
+	})
+}
+
+// queuedAs reports whether the webhook queue holds backlog members, leased
+// of them, none due.
+func queuedAs(e *env, w *queue.WebhookWorkers, backlog, leased int64) bool {
+	st, err := w.QueueStats(e.ctx)
+	return err == nil && st.Backlog == backlog && st.Leased == leased && st.Due == 0
+}
+
 // TestWebhookBusyEndpointLosesNothing: the deliveries of an endpoint whose
 // lane is full wait on the queue (not due, not leased, not in memory only),
 // a FLUSHALL meanwhile loses none of them, and once the endpoint answers
@@ -339,18 +357,11 @@ func TestWebhookBusyEndpointLosesNothing(t *testing.T) {
 		const n = 10
 		w := stalledWorkers(t, e, stalled, n, stalled.srv.URL)
 		k := w.PerEndpoint
-		queued := func(backlog, leased int64) bool {
-			st, err := w.QueueStats(e.ctx)
-			return err == nil && st.Backlog == backlog && st.Leased == leased && st.Due == 0
-		}
-		eventually(t, 30*time.Second, "the lane's senders held, the rest queued for later", func() bool {
-			_, held, _ := stalled.state()
-			return held == k && queued(int64(n-k), int64(k))
-		})
+		waitLaneFull(t, e, w, stalled, n)
 		rs.Wipe(t, e.keys.Prefix())
 		// The sweeper queues every PENDING delivery again (the ones held
 		// at their attempt's end), the drain parks those it cannot send.
-		eventually(t, 30*time.Second, "every delivery queued again after the flush", func() bool { return queued(n, 0) })
+		eventually(t, 30*time.Second, "every delivery queued again after the flush", func() bool { return queuedAs(e, w, n, 0) })
 		stalled.letGo()
 		waitDelivered(t, db, n)
 		ids, _, most := stalled.state()
@@ -374,11 +385,7 @@ func TestWebhookBusyEndpointBacklogIsSpread(t *testing.T) {
 		const n = 24
 		w := stalledWorkers(t, e, stalled, n, stalled.srv.URL)
 		k := w.PerEndpoint
-		eventually(t, 30*time.Second, "the lane's senders held, the rest parked", func() bool {
-			st, err := w.QueueStats(e.ctx)
-			_, held, _ := stalled.state()
-			return err == nil && held == k && st.Backlog == int64(n-k) && st.Leased == int64(k) && st.Due == 0
-		})
+		waitLaneFull(t, e, w, stalled, n)
 		q := queue.WebhookQueue(rs.Client, e.keys)
 		zs, err := rs.Client.ZRangeWithScores(e.ctx, q.Key(), 0, -1).Result()
 		if err != nil {
