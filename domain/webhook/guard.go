@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -18,7 +19,9 @@ import (
 // (CGNAT), link-local, unique-local and site-local addresses only with
 // AllowPrivate (a shop whose receivers live on its own network); the
 // special-purpose ranges (unspecified, multicast, broadcast, reserved,
-// documentation, benchmarking, protocol assignments, Teredo) never. An
+// documentation, benchmarking, protocol assignments, Teredo) and the
+// cloud hosts' instance metadata services (which hand out the machine's
+// credentials to whoever asks from it) never. An
 // IPv6 address that carries an IPv4 address (mapped, compatible, NAT64,
 // 6to4) is judged by both. kami itself (its public URL, its listen
 // addresses) is refused even with AllowPrivate, so kami never posts to
@@ -48,9 +51,10 @@ var ErrRefused = errors.New("webhook endpoint refused")
 type class int
 
 const (
-	public  class = iota // a receiver on the internet
-	private              // this host or the shop's own network: only with AllowPrivate
-	special              // not a unicast receiver anywhere: never
+	public   class = iota // a receiver on the internet
+	private               // this host or the shop's own network: only with AllowPrivate
+	special               // not a unicast receiver anywhere: never
+	metadata              // a cloud host's instance metadata service: never
 )
 
 type addrRange struct {
@@ -66,8 +70,26 @@ func ranges(c class, prefixes ...string) []addrRange {
 	return r
 }
 
-// ipv4Ranges: an IPv4 address in none of them is public.
-var ipv4Ranges = append(ranges(private,
+// metadataIPv4 and metadataIPv6 are the addresses where cloud hosts serve
+// a machine its metadata and credentials. They sit in ranges a shop may
+// open with AllowPrivate (link-local, CGNAT, unique local) or even among
+// public ones (Azure's), so they are matched first.
+var metadataIPv4 = ranges(metadata,
+	"169.254.169.254/32", // AWS, Google Cloud, Azure, Oracle, Huawei Cloud, OpenStack, DigitalOcean
+	"169.254.170.2/32",   // AWS ECS task credentials
+	"169.254.170.23/32",  // AWS EKS pod identity
+	"169.254.0.23/32",    // Tencent Cloud
+	"100.100.100.200/32", // Alibaba Cloud
+	"168.63.129.16/32",   // Azure host (wire server)
+)
+
+var metadataIPv6 = ranges(metadata,
+	"fd00:ec2::254/128", // AWS
+	"fd00:ec2::23/128",  // AWS EKS pod identity
+)
+
+// ipv4Ranges, first match wins: an IPv4 address in none of them is public.
+var ipv4Ranges = slices.Concat(metadataIPv4, ranges(private,
 	"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", // private
 	"100.64.0.0/10",  // shared address space (CGNAT)
 	"127.0.0.0/8",    // loopback
@@ -80,12 +102,12 @@ var ipv4Ranges = append(ranges(private,
 	"198.18.0.0/15",  // benchmarking
 	"224.0.0.0/4",    // multicast
 	"240.0.0.0/4",    // reserved, and the broadcast 255.255.255.255
-)...)
+))
 
 // ipv6Ranges, first match wins: an IPv6 address in none of them is
 // special (it is not global unicast: unspecified, IPv4-compatible,
 // discard-only, multicast, reserved).
-var ipv6Ranges = append(append(ranges(private,
+var ipv6Ranges = slices.Concat(metadataIPv6, ranges(private,
 	"::1/128",        // loopback
 	"fc00::/7",       // unique local
 	"fe80::/10",      // link-local
@@ -94,11 +116,11 @@ var ipv6Ranges = append(append(ranges(private,
 ), ranges(special,
 	"2001::/23",                  // IETF protocol assignments: Teredo, benchmarking, ORCHID
 	"2001:db8::/32", "3fff::/20", // documentation
-)...), ranges(public,
+), ranges(public,
 	"64:ff9b::/96", // NAT64: judged by the IPv4 address it carries too
 	"2002::/16",    // 6to4: judged by the IPv4 address it carries too
 	"2000::/3",     // global unicast
-)...)
+))
 
 // classify is the class of ip, and of the IPv4 address it carries if any,
 // whichever is stricter.
@@ -266,6 +288,8 @@ func (g Guard) check(ctx context.Context, name string, ips []netip.Addr, p uint1
 			return fmt.Errorf("%w: it points at kami itself", ErrRefused)
 		}
 		switch classify(ip) {
+		case metadata:
+			return fmt.Errorf("%w: %s is a cloud instance metadata service", ErrRefused, name)
 		case special:
 			return fmt.Errorf("%w: %s is not a public unicast address", ErrRefused, name)
 		case private:

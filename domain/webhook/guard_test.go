@@ -76,7 +76,9 @@ func TestGuardAtDialTime(t *testing.T) {
 // public receiver is refused, at creation and at dial time, in every
 // spelling: IPv4-mapped, IPv4-compatible, NAT64 and 6to4 addresses are
 // judged by the IPv4 address they carry too. AllowPrivate lifts the
-// private and loopback classes, never the special-purpose ones.
+// private and loopback classes, never the special-purpose ones nor a
+// cloud host's instance metadata service (it would hand an endpoint the
+// machine's credentials).
 func TestGuardAddressClasses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -86,13 +88,17 @@ func TestGuardAddressClasses(t *testing.T) {
 	}{
 		{"127.0.0.1", true}, {"127.1.2.3", true}, {"[::1]", true},
 		{"10.1.2.3", true}, {"172.16.0.1", true}, {"192.168.0.1", true},
-		{"169.254.169.254", true}, {"[fe80::1]", true}, {"[fe80::1%25lo]", true},
+		{"169.254.1.1", true}, {"[fe80::1]", true}, {"[fe80::1%25lo]", true},
+		// Cloud instance metadata services, never: not even with AllowPrivate.
+		{"169.254.169.254", false}, {"169.254.170.2", false}, {"169.254.170.23", false}, {"169.254.0.23", false},
+		{"100.100.100.200", false}, {"168.63.129.16", false}, {"[fd00:ec2::254]", false}, {"[fd00:ec2::23]", false},
+		{"[::ffff:169.254.169.254]", false}, {"[64:ff9b::169.254.169.254]", false}, {"[2002:a9fe:a9fe::1]", false},
 		{"[fd00::1]", true}, {"[fc00::1]", true}, {"100.64.0.1", true}, {"[fec0::1]", true},
 		{"[::ffff:127.0.0.1]", true}, {"[::ffff:10.0.0.1]", true}, {"[::ffff:0.0.0.0]", false}, {"[::ffff:198.18.0.1]", false},
 		{"[::7f00:1]", false}, {"[::127.0.0.1]", false}, {"[::a00:1]", false}, {"[::5db8:d70e]", false},
 		{"[64:ff9b::7f00:1]", true}, {"[64:ff9b::10.0.0.1]", true}, {"[64:ff9b::192.0.2.1]", false},
 		{"[64:ff9b::255.255.255.255]", false}, {"[64:ff9b:1::1]", true}, {"[64:ff9b:1::a00:1]", true},
-		{"[2002:7f00:1::1]", true}, {"[2002:a9fe:a9fe::1]", true}, {"[2002:c000:201::1]", false},
+		{"[2002:7f00:1::1]", true}, {"[2002:a9fe:101::1]", true}, {"[2002:c000:201::1]", false},
 		{"[2001::1]", false}, {"[2001:0:4136:e378:8000:63bf:3fff:fdd2]", false}, {"[2001:2::1]", false},
 		{"198.18.0.1", false}, {"198.19.255.255", false}, {"192.0.0.8", false}, {"192.0.0.170", false},
 		{"240.0.0.1", false}, {"255.255.255.255", false}, {"192.88.99.1", false},

@@ -3556,7 +3556,8 @@ input CreateWebhookEndpointInput {
   """
   An absolute http(s) URL (https when receivesCodes is on). A loopback,
   link-local or private address is refused unless KAMI_WEBHOOK_ALLOW_PRIVATE
-  is on; kami itself and special-purpose addresses always are.
+  is on; kami itself, special-purpose addresses and cloud instance metadata
+  services (169.254.169.254 and the like) always are.
   """
   url: String!
   events: [String!]!
