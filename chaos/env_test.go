@@ -181,6 +181,7 @@ func (e *env) startRedis() {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = log, log
+	dieWithUs(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis-server: %v", err)
 	}
@@ -254,6 +255,7 @@ func (e *env) kami(args ...string) (string, error) {
 		"KAMI_SANDBOX_SECRET="+sandboxSecret, "KAMI_LOG_LEVEL=warn")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	dieWithUs(cmd)
 	err := cmd.Run()
 	return out.String(), err
 }
@@ -369,6 +371,7 @@ func (p *proc) start() error {
 	cmd.Env = p.environ()
 	cmd.Stdout = io.Discard
 	cmd.Stderr = log
+	dieWithUs(cmd)
 	if err := cmd.Start(); err != nil {
 		log.Close()
 		return fmt.Errorf("start %s: %w", p.name(), err)
