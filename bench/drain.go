@@ -39,11 +39,10 @@ type DrainReport struct {
 // It returns the restarted server.
 func runDrain(ctx context.Context, db *bun.DB, rdb redis.UniversalClient, keys queue.Keys, runID string, n, conc int,
 	start func(context.Context) (*serverProc, error), probe cpuProbe, prof *profiler, profileFor time.Duration) (*DrainReport, *serverProc, error) {
-	sealer, err := domain.NewSealer([]byte(randomHex(16)))
+	ledger, err := directLedger(db, time.Second)
 	if err != nil {
 		return nil, nil, err
 	}
-	ledger := domain.NewLedger(db, sealer, domain.Config{OrderTTL: time.Second}, domain.LogAlerter{Logger: quietLogger()})
 	name := "bench-direct-" + runID + "-drain"
 	if d, _, err := runDirect(ctx, ledger, runID+"-drain", n, conc, cpuProbe{}); err != nil {
 		return nil, nil, err

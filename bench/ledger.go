@@ -125,9 +125,8 @@ func describeServer(ctx context.Context, db *bun.DB) string {
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // directLedger is a Ledger over the bench's own pool with a random card
-// key, the pending caps off and a TTL of an hour, so none of its orders
-// falls due while the server is still running.
-func directLedger(db *bun.DB) (*domain.Ledger, error) {
+// key, the pending caps off and orders that expire after ttl.
+func directLedger(db *bun.DB, ttl time.Duration) (*domain.Ledger, error) {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
@@ -136,7 +135,7 @@ func directLedger(db *bun.DB) (*domain.Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	return domain.NewLedger(db, sealer, domain.Config{OrderTTL: time.Hour}, domain.LogAlerter{Logger: quietLogger()}), nil
+	return domain.NewLedger(db, sealer, domain.Config{OrderTTL: ttl}, domain.LogAlerter{Logger: quietLogger()}), nil
 }
 
 // runDirect runs Ledger.PlaceOrder n times from conc goroutines on a new

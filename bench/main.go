@@ -39,9 +39,9 @@
 //     it. Direct orders get a TTL of an hour so that the server never
 //     closes them while the phase runs.
 //
-//  4. Subscriptions: -subscriptions orderStatusChanged subscriptions (20
-//     to a WebSocket) on the direct phase's pending orders; reported: the
-//     server's VmRSS per 1,000.
+//  4. Subscriptions: -subscriptions orders are placed directly with a TTL
+//     of an hour, and as many orderStatusChanged subscriptions (20 to a
+//     WebSocket) opened on them; reported: the server's VmRSS per 1,000.
 //
 //  5. Drain: the server is stopped (SIGTERM), -drain orders are placed
 //     directly with a TTL of one second and their closes scheduled in
@@ -431,7 +431,7 @@ func run(ctx context.Context, o *options) (code int) {
 	// Direct.
 	var ledger *domain.Ledger
 	if db != nil {
-		if ledger, err = directLedger(db); err != nil {
+		if ledger, err = directLedger(db, time.Hour); err != nil {
 			return fail("%v", err)
 		}
 	}
@@ -449,10 +449,10 @@ func run(ctx context.Context, o *options) (code int) {
 		}
 	}
 
-	// Subscriptions: on the direct phase's orders, pending for an hour.
-	if srv != nil && db != nil && rep.Direct != nil && o.subscriptions > 0 && runCtx.Err() == nil {
+	// Subscriptions: on orders of their own, pending for an hour.
+	if srv != nil && ledger != nil && o.subscriptions > 0 && runCtx.Err() == nil {
 		progress("opening %d subscriptions", o.subscriptions)
-		sr, err := measureSubscriptions(runCtx, db, base, adminToken, "bench-direct-"+runID, o.subscriptions, pid, prof)
+		sr, err := measureSubscriptions(runCtx, ledger, base, adminToken, runID+"-subs", o.subscriptions, o.concurrency, pid, prof)
 		if err != nil {
 			rep.Notes = append(rep.Notes, "subscriptions: "+err.Error())
 		}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
-	"github.com/uptrace/bun"
 
 	"kami/domain"
 )
@@ -96,14 +95,22 @@ func openSubscriptions(ctx context.Context, base, adminToken string, orderNos []
 	return closeAll, len(conns), nil
 }
 
-// measureSubscriptions opens n subscriptions, 20 to a connection (the
-// default per-connection cap), on pending orders of the product named
-// product, and reports the server's resident memory before and with them.
-// With prof, the server's heap is saved while they are open.
-func measureSubscriptions(ctx context.Context, db *bun.DB, base, adminToken, product string, n, pid int, prof *profiler) (*SubscriptionsReport, error) {
+// measureSubscriptions places n orders directly through ledger (whose
+// orders stay pending long enough) from conc workers, opens a subscription
+// on each, 20 to a connection (the default per-connection cap), and
+// reports the server's resident memory before and with them. With prof,
+// the server's heap is saved while they are open.
+func measureSubscriptions(ctx context.Context, ledger *domain.Ledger, base, adminToken, runID string, n, conc, pid int, prof *profiler) (*SubscriptionsReport, error) {
+	d, _, err := runDirect(ctx, ledger, runID, n, conc, cpuProbe{})
+	if err != nil {
+		return nil, err
+	}
+	if d.OK != n {
+		return nil, fmt.Errorf("placed %d of %d orders to subscribe to: %v", d.OK, n, d.Errors)
+	}
 	var orderNos []string
-	if err := db.NewSelect().Table("orders").Column("order_no").
-		Where("product_id = (SELECT id FROM products WHERE name = ?)", product).Where("status = ?", domain.OrderPending).
+	if err := ledger.DB().NewSelect().Table("orders").Column("order_no").
+		Where("product_id = (SELECT id FROM products WHERE name = ?)", "bench-direct-"+runID).Where("status = ?", domain.OrderPending).
 		OrderExpr("order_no").Limit(int64(n)).Scan(ctx, &orderNos); err != nil {
 		return nil, err
 	}
