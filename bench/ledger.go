@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/uptrace/bun"
 
 	"kami/domain"
+	"kami/providers/sandbox"
 )
 
 // statusCounts counts a product's orders by status, from the database.
@@ -138,10 +140,32 @@ func directLedger(db *bun.DB, ttl time.Duration) (*domain.Ledger, error) {
 	return domain.NewLedger(db, sealer, domain.Config{OrderTTL: ttl}, domain.LogAlerter{Logger: quietLogger()}), nil
 }
 
+// settle is what the direct phase does with its orders after placing
+// them, as the end-to-end phase's orders are settled: the payShare chosen
+// by shouldPay are paid at once, the rest closed as they fall due. nil:
+// the orders are only placed.
+type settle struct {
+	payShare float64
+}
+
+// describe names what the direct phase runs.
+func (s *settle) describe() string {
+	if s == nil {
+		return "place only (-direct-place-only): Ledger.PlaceOrder, no payments, no closes"
+	}
+	return fmt.Sprintf("place + pay %.0f%% + close the rest at the TTL, through the ledger", 100*s.payShare)
+}
+
 // runDirect runs Ledger.PlaceOrder n times from conc goroutines on a new
 // product with n fresh cards: the ledger's own transaction without HTTP,
-// GraphQL, the Redis stock gate, close scheduling and events.
-func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc int, probe cpuProbe) (*DirectReport, CPUUse, error) {
+// GraphQL, the Redis stock gate, close scheduling and events. With st,
+// each worker then pays its order when shouldPay says so, as the
+// end-to-end phase does, through Ledger.RecordPayment (the batched path a
+// sandbox webhook ends in), and a closer closes the unpaid ones through
+// Ledger.CloseOrders as they fall due (after the ledger's TTL), while
+// placing goes on and until all are closed. Orders/s is over the placing
+// (its payments included), as end to end.
+func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc int, probe cpuProbe, st *settle) (*DirectReport, CPUUse, error) {
 	name := "bench-direct-" + runID
 	price := int64(100)
 	p, err := ledger.CreateProduct(ctx, domain.ProductInput{Name: &name, PriceFen: &price}, "bench")
@@ -157,10 +181,19 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 			return nil, CPUUse{}, err
 		}
 	}
+	var cl *closer
+	if st != nil {
+		// Due is judged by the database's clock (see closer.closeDue).
+		if err := ledger.SyncClock(ctx); err != nil {
+			return nil, CPUUse{}, err
+		}
+		cl = startCloser(ctx, ledger, n)
+	}
 	var next atomic.Int64
 	var mu sync.Mutex
-	var all, doneAt []time.Duration
-	errs := map[string]int{}
+	var all, doneAt, paid []time.Duration
+	errs, payErrs := map[string]int{}, map[string]int{}
+	paySent := 0
 	var wg sync.WaitGroup
 	cpu0 := probe.take()
 	start := time.Now()
@@ -169,16 +202,17 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 		go func() {
 			defer wg.Done()
 			mine := make([]time.Duration, 0, n/conc+1)
-			var myDone []time.Duration
-			myErrs := map[string]int{}
+			var myDone, myPaid []time.Duration
+			myErrs, myPayErrs := map[string]int{}, map[string]int{}
+			mySent := 0
 			for ctx.Err() == nil {
 				i := int(next.Add(1)) - 1
 				if i >= n {
 					break
 				}
 				t0 := time.Now()
-				_, err := ledger.PlaceOrder(ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
-					Contact: fmt.Sprintf("direct-%s-%d@bench.test", runID, i), Provider: "sandbox", ClientAddr: "127.0.0.1"})
+				po, err := ledger.PlaceOrder(ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
+					Contact: fmt.Sprintf("direct-%s-%d@bench.test", runID, i), Provider: sandbox.Name, ClientAddr: "127.0.0.1"})
 				d := time.Since(t0)
 				if err != nil {
 					myErrs[domain.ErrorCode(err)]++
@@ -186,21 +220,80 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 				}
 				mine = append(mine, d)
 				myDone = append(myDone, time.Since(start))
+				if st == nil {
+					continue
+				}
+				o := po.Order
+				if shouldPay(i, st.payShare) {
+					mySent++
+					t0 = time.Now()
+					err := payDirect(ctx, ledger, o)
+					d = time.Since(t0)
+					if err == nil {
+						myPaid = append(myPaid, d)
+						continue
+					}
+					myPayErrs[domain.ErrorCode(err)]++
+				}
+				// Unpaid: its close was scheduled when it was placed.
+				cl.add(o.OrderNo, o.ExpiresAt)
 			}
 			mu.Lock()
 			all = append(all, mine...)
 			doneAt = append(doneAt, myDone...)
+			paid = append(paid, myPaid...)
+			paySent += mySent
 			for k, v := range myErrs {
 				errs[k] += v
+			}
+			for k, v := range myPayErrs {
+				payErrs[k] += v
 			}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	placeEnd := time.Now()
 	cpu := cpuUse(cpu0, probe.take())
-	return &DirectReport{OK: len(all), Errors: errs, WallSeconds: wall.Seconds(),
-		OrdersPerSec: rate(len(all), wall), Latency: summarize(all), ByTenth: byTenth(doneAt, wall)}, cpu, nil
+	rep := &DirectReport{Runs: st.describe(), PlaceOnly: st == nil, OK: len(all), Errors: errs, WallSeconds: wall.Seconds(),
+		OrdersPerSec: rate(len(all), wall), Latency: summarize(all), ByTenth: byTenth(doneAt, wall)}
+	if st == nil {
+		return rep, cpu, nil
+	}
+	rep.Pay = &PayReport{Sent: paySent, OK: len(paid), Errors: payErrs, PaymentsPerSec: rate(len(paid), wall), Latency: summarize(paid)}
+	cl.finish()
+	rep.CloseBatches, rep.CloseSkipped, rep.CloseErrors = cl.batches, cl.skipped, cl.errs
+	cr, err := waitForCloses(ctx, ledger.DB(), p.ID, len(all)-len(paid), placeEnd)
+	if err != nil {
+		return rep, cpu, fmt.Errorf("measuring the direct closes: %w", err)
+	}
+	rep.Close = cr
+	return rep, cpu, nil
+}
+
+// payDirect records a sandbox payment of o as the webhook would, with the
+// notification the end-to-end phase sends for it: the same provider,
+// trade number, amount, notification id and body.
+func payDirect(ctx context.Context, ledger *domain.Ledger, o *domain.Order) error {
+	n := sandbox.PaymentNotification(o.OrderNo, "BT"+o.OrderNo, o.AmountFen, time.Now())
+	body, err := json.Marshal(n)
+	if err != nil {
+		return err
+	}
+	paidAt, err := time.Parse(time.RFC3339, n.PaidAt)
+	if err != nil {
+		return err
+	}
+	res, err := ledger.RecordPayment(ctx, domain.Payment{Provider: sandbox.Name, NotifyID: sandbox.NotifyID(body),
+		OrderNo: o.OrderNo, TradeNo: n.TradeNo, AmountFen: o.AmountFen, PaidAt: paidAt, Raw: string(body)})
+	if err != nil {
+		return err
+	}
+	if res.Outcome != domain.PaymentDelivered {
+		return domain.Errorf(string(res.Outcome), "payment of %s: %s", o.OrderNo, res.Outcome)
+	}
+	return nil
 }
 
 // runAudit checks the whole ledger's invariants.

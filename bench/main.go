@@ -29,15 +29,22 @@
 //     and due-to-closed latency (closed_at − expires_at per order).
 //
 //  3. Direct: the same database, opened in this process with domain.OpenDB
-//     and a pool as large as the server's, runs the same number of
-//     Ledger.PlaceOrder calls at the same concurrency on a new product.
-//     "Direct" is the ledger's own transaction (insert the order, lock a
-//     card with SKIP LOCKED, write the stock journal), grouped as the
-//     server groups it (orders arriving together share one transaction),
-//     without HTTP, GraphQL, the Redis stock gate, close scheduling and
-//     events; the ratio end-to-end / direct is what kami's layers leave of
-//     it. Direct orders get a TTL of an hour so that the server never
-//     closes them while the phase runs.
+//     and a pool as large as the server's, runs the same transactions
+//     through the ledger at the same concurrency on a new product: each
+//     worker places an order (Ledger.PlaceOrder: insert the order, lock a
+//     card with SKIP LOCKED, write the stock journal) and, for the same
+//     orders of the -pay-share as in phase 1, records its sandbox payment
+//     right after (Ledger.RecordPayment, where a webhook ends); the unpaid
+//     ones expire after -ttl and a closer in the tool closes them as they
+//     fall due, as kami's close workers do (Ledger.CloseOrders, up to 500
+//     a batch, earliest first, every 50ms), while placing goes on and until
+//     all are closed. Orders and payments are grouped as the server groups
+//     them (calls arriving together share one transaction). Missing:
+//     HTTP, GraphQL, the Redis stock gate, close scheduling and events,
+//     and the pre-close check; the ratio end-to-end / direct orders/s
+//     (orders placed over the placing's wall time in both) is what kami's
+//     layers leave of the ledger. -direct-place-only runs PlaceOrder alone
+//     (no payments, no closes), the figure of earlier runs.
 //
 //  4. Subscriptions: -subscriptions orders are placed directly with a TTL
 //     of an hour, and as many orderStatusChanged subscriptions (20 to a
@@ -94,7 +101,8 @@ type options struct {
 	directOrders                   int
 	payShare                       float64
 	dbMaxConns                     int
-	noDirect, keep                 bool
+	noDirect, directPlaceOnly      bool
+	keep                           bool
 	jsonFile                       string
 	timeout                        time.Duration
 	profileDir                     string
@@ -122,6 +130,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Float64Var(&o.payShare, "pay-share", 0.5, "share of orders paid through the sandbox webhook, 0 to 1")
 	fs.IntVar(&o.dbMaxConns, "db-max-conns", 20, "KAMI_DB_MAX_CONNS of the server, and the direct phase's pool")
 	fs.BoolVar(&o.noDirect, "no-direct", false, "skip the direct phase")
+	fs.BoolVar(&o.directPlaceOnly, "direct-place-only", false, "the direct phase only places its orders (no payments, no closes), as before the phase ran the end-to-end transactions")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database, the Redis keys and the temp folder")
 	fs.StringVar(&o.jsonFile, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&o.profileDir, "profile", "", "write the started server's CPU profiles of the place, close and drain phases, its allocations during the place phase and its heap with the subscriptions open, to this folder (the server serves them on a loopback KAMI_PPROF_ADDR)")
@@ -428,7 +437,8 @@ func run(ctx context.Context, o *options) (code int) {
 		}
 	}
 
-	// Direct.
+	// Direct. The audit's and the subscriptions' ledger places orders that
+	// stay PENDING for an hour; the direct phase's expire after -ttl.
 	var ledger *domain.Ledger
 	if db != nil {
 		if ledger, err = directLedger(db, time.Hour); err != nil {
@@ -436,12 +446,19 @@ func run(ctx context.Context, o *options) (code int) {
 		}
 	}
 	if ledger != nil && !o.noDirect && runCtx.Err() == nil {
-		progress("placing %d orders directly through the ledger", o.directOrders)
-		d, cpu, err := runDirect(runCtx, ledger, runID, o.directOrders, o.concurrency, probe)
+		dl, st := ledger, &settle{payShare: o.payShare}
+		if o.directPlaceOnly {
+			st = nil
+		} else if dl, err = directLedger(db, o.ttl); err != nil {
+			return fail("%v", err)
+		}
+		progress("direct through the ledger, %d orders: %s", o.directOrders, st.describe())
+		d, cpu, err := runDirect(runCtx, dl, runID, o.directOrders, o.concurrency, probe, st)
 		rep.Process.DirectCPU = cpu
 		if err != nil {
 			rep.Notes = append(rep.Notes, "direct phase: "+err.Error())
-		} else {
+		}
+		if d != nil {
 			rep.Direct = d
 			if d.OrdersPerSec > 0 {
 				rep.Ratio = rep.Place.OrdersPerSec / d.OrdersPerSec

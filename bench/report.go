@@ -153,14 +153,25 @@ type CloseReport struct {
 	lastClose     time.Time      // closed_at of the last close
 }
 
-// DirectReport is Ledger.PlaceOrder in-process, no server in the way.
+// DirectReport is the ledger in-process, no server in the way: the
+// end-to-end phase's transactions (place, pay a share, close the rest at
+// the TTL), or with -direct-place-only Ledger.PlaceOrder alone.
 type DirectReport struct {
+	Runs         string         `json:"runs"` // what the phase ran
+	PlaceOnly    bool           `json:"place_only"`
 	OK           int            `json:"ok"`
 	Errors       map[string]int `json:"errors,omitempty"`
-	WallSeconds  float64        `json:"wall_seconds"`
+	WallSeconds  float64        `json:"wall_seconds"` // of the placing, payments included
 	OrdersPerSec float64        `json:"orders_per_sec"`
 	Latency      Latency        `json:"latency"`
 	ByTenth      []float64      `json:"orders_per_sec_by_tenth,omitempty"`
+	// Unless PlaceOnly: the payments (Ledger.RecordPayment) and the closes
+	// (Ledger.CloseOrders, measured from the rows as the close phase is).
+	Pay          *PayReport     `json:"pay,omitempty"`
+	Close        *CloseReport   `json:"close,omitempty"`
+	CloseBatches int            `json:"close_batches,omitempty"` // CloseOrders calls committed
+	CloseSkipped int            `json:"close_skipped,omitempty"` // closed by another (the server's sweeper) first
+	CloseErrors  map[string]int `json:"close_errors,omitempty"`
 }
 
 // ProcessReport is the server process seen from /proc, and the machine.
@@ -241,35 +252,54 @@ func (r *Report) Write(w io.Writer) {
 			p("    %2d  %s%s", i+1, fmtTenth(st), ckpt)
 		}
 	}
-	p("pay    signed sandbox notification, POST /webhooks/sandbox, right after createOrder")
-	if r.Pay.Sent == 0 {
-		p("  none sent")
-	} else {
-		p("  paid          %d of %d answered 200: %.0f payments/s", r.Pay.OK, r.Pay.Sent, r.Pay.PaymentsPerSec)
-		p("  latency       %s", lat(r.Pay.Latency))
-		p("  errors        %s", fmtCounts(r.Pay.Errors))
-	}
-	if c := r.Close; c != nil {
-		state := "all closed"
-		if !c.Complete {
-			state = "INCOMPLETE: orders still PENDING at the deadline"
+	// pays and closes print a phase's payments and closes.
+	pays := func(pr PayReport, ok string) {
+		if pr.Sent == 0 {
+			p("  none sent")
+			return
 		}
-		p("close  unpaid orders expire after the TTL (%s)", state)
+		p("  paid          %d of %d %s: %.0f payments/s", pr.OK, pr.Sent, ok, pr.PaymentsPerSec)
+		p("  latency       %s", lat(pr.Latency))
+		p("  errors        %s", fmtCounts(pr.Errors))
+	}
+	closeState := func(c *CloseReport) string {
+		if !c.Complete {
+			return "INCOMPLETE: orders still PENDING at the deadline"
+		}
+		return "all closed"
+	}
+	closes := func(c *CloseReport) {
 		p("  closed        %d of %d unpaid, first expiry to last close %.2fs: %.0f closes/s", c.Closed, c.Unpaid, c.WindowSeconds, c.ClosesPerSec)
 		p("                (orders fall due as fast as they were placed: closes/s cannot pass that; due→closed is the lag)")
 		p("  due→closed    %s", lat(c.DueToClosed))
 		p("  overlap       %d of the closes ran while orders were still being placed", c.DuringPlace)
 		p("  statuses      %s", fmtCounts(c.Statuses))
 	}
+	p("pay    signed sandbox notification, POST /webhooks/sandbox, right after createOrder")
+	pays(r.Pay, "answered 200")
+	if c := r.Close; c != nil {
+		p("close  unpaid orders expire after the TTL (%s)", closeState(c))
+		closes(c)
+	}
 	if d := r.Direct; d != nil {
-		p("direct Ledger.PlaceOrder in-process on the same database (no HTTP, GraphQL, Redis gate, scheduling, events)")
+		p("direct %s", d.Runs)
+		p("       in-process on the same database (no HTTP, GraphQL, Redis gate, scheduling, events)")
 		p("  orders placed %d in %.2fs: %.0f orders/s", d.OK, d.WallSeconds, d.OrdersPerSec)
 		p("  latency       %s", lat(d.Latency))
 		p("  errors        %s", fmtCounts(d.Errors))
 		if len(d.ByTenth) > 0 {
 			p("  by tenth      %s orders/s", fmtSeries(d.ByTenth))
 		}
-		p("  end-to-end / direct  %.2f", r.Ratio)
+		if d.Pay != nil {
+			p("  pay           Ledger.RecordPayment (the batched path of a sandbox webhook), right after PlaceOrder")
+			pays(*d.Pay, "delivered")
+		}
+		if c := d.Close; c != nil {
+			p("  close         Ledger.CloseOrders as they fall due, up to %d a batch (%s): %d batches, %d closed by another first, errors %s",
+				closeBatch, closeState(c), d.CloseBatches, d.CloseSkipped, fmtCounts(d.CloseErrors))
+			closes(c)
+		}
+		p("  end-to-end / direct  %.2f (%s)", r.Ratio, d.ratioOf())
 	}
 	pr := r.Process
 	p("server")
@@ -325,9 +355,9 @@ func (r *Report) Write(w io.Writer) {
 		}
 	}
 	if r.Direct != nil {
-		p("targets         %.0f orders/s ≥ %d: %s; ratio %.2f ≥ %.2f: %s",
+		p("targets         %.0f orders/s ≥ %d: %s; ratio %.2f ≥ %.2f: %s (%s)",
 			r.Place.OrdersPerSec, targetOrdersPerSec, metOrNot(r.Place.OrdersPerSec >= targetOrdersPerSec),
-			r.Ratio, targetRatio, metOrNot(r.Ratio >= targetRatio))
+			r.Ratio, targetRatio, metOrNot(r.Ratio >= targetRatio), r.Direct.ratioOf())
 	}
 	if b := r.Pgbench; b != nil {
 		if b.Error != "" {
@@ -358,6 +388,14 @@ func (r *Report) Write(w io.Writer) {
 	for _, n := range r.Notes {
 		p("note: %s", n)
 	}
+}
+
+// ratioOf says what the end-to-end / direct ratio compares.
+func (d *DirectReport) ratioOf() string {
+	if d.PlaceOnly {
+		return "direct placed only: not the same transactions"
+	}
+	return "the same transactions"
 }
 
 func ratioOf(ok bool, f func() float64) string {

@@ -106,10 +106,13 @@ func TestReportWrite(t *testing.T) {
 		PayShare: 0.5, TTL: "5s", DBMaxConns: 20,
 		Place: PlaceReport{OK: 19990, Errors: map[string]int{"SOLD_OUT": 7, "TRANSPORT": 3}, WallSeconds: 10,
 			OrdersPerSec: 1999, Latency: Latency{Count: 19990, P50Ms: 25.5, P99Ms: 80.25, MaxMs: 1200, MeanMs: 30}},
-		Pay:    PayReport{Sent: 9995, OK: 9995, PaymentsPerSec: 999.5, Latency: Latency{P50Ms: 5, P99Ms: 20}},
-		Close:  &CloseReport{Unpaid: 9995, Closed: 9995, Complete: true, WindowSeconds: 5, ClosesPerSec: 1999, Statuses: map[string]int{"PAID": 9995, "CLOSED": 9995}},
-		Direct: &DirectReport{OK: 20000, WallSeconds: 8, OrdersPerSec: 2500},
-		Ratio:  0.7996,
+		Pay:   PayReport{Sent: 9995, OK: 9995, PaymentsPerSec: 999.5, Latency: Latency{P50Ms: 5, P99Ms: 20}},
+		Close: &CloseReport{Unpaid: 9995, Closed: 9995, Complete: true, WindowSeconds: 5, ClosesPerSec: 1999, Statuses: map[string]int{"PAID": 9995, "CLOSED": 9995}},
+		Direct: &DirectReport{Runs: (&settle{payShare: 0.5}).describe(), OK: 20000, WallSeconds: 8, OrdersPerSec: 2500,
+			Pay:          &PayReport{Sent: 10000, OK: 9998, Errors: map[string]int{"DUPLICATE": 2}, PaymentsPerSec: 1249.75},
+			Close:        &CloseReport{Unpaid: 10002, Closed: 10002, Complete: true, DuringPlace: 4000, WindowSeconds: 8, ClosesPerSec: 1250.25, Statuses: map[string]int{"PAID": 9998, "CLOSED": 10002}},
+			CloseBatches: 160, CloseSkipped: 3},
+		Ratio: 0.7996,
 		Process: ProcessReport{PeakMemoryMiB: 80.5, MaxRSSMiB: 79.25, PlaceCPU: CPUUse{Server: 1.1, Bench: 0.4, PostgresDB: 0.45, PostgresOther: 0.01, Other: 0.02, MachineBusy: 0.97},
 			Exit: "clean: SIGTERM → exit 0 in 120ms"},
 		Stats:         &StatsReport{CloseSuccessRate: &rate},
@@ -129,12 +132,19 @@ func TestReportWrite(t *testing.T) {
 		"paid          9995 of 9995 answered 200: 1000 payments/s",
 		"closed        9995 of 9995 unpaid, first expiry to last close 5.00s: 1999 closes/s",
 		"statuses      CLOSED 9995, PAID 9995",
-		"end-to-end / direct  0.80",
+		"direct place + pay 50% + close the rest at the TTL, through the ledger",
+		"paid          9998 of 10000 delivered: 1250 payments/s",
+		"errors        DUPLICATE 2",
+		"close         Ledger.CloseOrders as they fall due, up to 500 a batch (all closed): 160 batches, 3 closed by another first, errors none",
+		"closed        10002 of 10002 unpaid, first expiry to last close 8.00s: 1250 closes/s",
+		"overlap       4000 of the closes ran while orders were still being placed",
+		"statuses      CLOSED 10002, PAID 9998",
+		"end-to-end / direct  0.80 (the same transactions)",
 		"peak memory   80.5 MiB VmHWM",
 		"closeSuccessRate 0.9995",
 		"CPU, place    kami 1.10, postgres 0.45 (+0.01 rest of PostgreSQL), redis 0.00, bench 0.40, other 0.02 cores; machine 97% busy",
 		"ledger audit    clean",
-		"1999 orders/s ≥ 1500: met; ratio 0.80 ≥ 0.60: met",
+		"1999 orders/s ≥ 1500: met; ratio 0.80 ≥ 0.60: met (the same transactions)",
 		"pgbench -N -c 16 -j 2 -T 10 <scratch database>: 1000 tps",
 		"place 2.00× pgbench tps; direct 2.50×",
 		"1000 open on 50 WebSockets: VmRSS 60.0 → 72.5 MiB, 12.50 MiB per 1,000",
@@ -150,12 +160,21 @@ func TestReportWrite(t *testing.T) {
 	r.Audit = &AuditReport{Violations: []string{"pending_card_count order 1: PENDING with 0 LOCKED cards, want 1"}}
 	r.Close.Complete = false
 	r.Ratio = 0.2
+	r.Direct = &DirectReport{Runs: (*settle)(nil).describe(), PlaceOnly: true, OK: 20000, WallSeconds: 8, OrdersPerSec: 2500}
 	buf.Reset()
 	r.Write(&buf)
 	out = buf.String()
-	for _, want := range []string{"1 VIOLATIONS", "pending_card_count order 1", "INCOMPLETE", "ratio 0.20 ≥ 0.60: NOT met"} {
+	for _, want := range []string{"1 VIOLATIONS", "pending_card_count order 1", "INCOMPLETE",
+		"direct place only (-direct-place-only): Ledger.PlaceOrder, no payments, no closes",
+		"end-to-end / direct  0.20 (direct placed only: not the same transactions)",
+		"ratio 0.20 ≥ 0.60: NOT met (direct placed only: not the same transactions)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	for _, unwanted := range []string{"Ledger.RecordPayment", "Ledger.CloseOrders"} {
+		if strings.Contains(out, unwanted) {
+			t.Errorf("a place-only direct phase reports %q:\n%s", unwanted, out)
 		}
 	}
 
