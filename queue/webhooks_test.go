@@ -6,10 +6,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/uptrace/bun"
 
 	"kami/domain"
@@ -441,4 +445,125 @@ func TestWebhookSweepReadsEveryPage(t *testing.T) {
 		waitDelivered(t, db, 5)
 		distinct(t, "the endpoint", r.got(), 5)
 	})
+}
+
+// scriptCounter counts the Lua scripts a client runs with key as their
+// first key, and which of them are claims: a claim is the one script on a
+// delay queue that takes three arguments, the second a count rather than a
+// time in milliseconds.
+type scriptCounter struct {
+	key             string
+	scripts, claims atomic.Int64
+}
+
+func (c *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// count counts cmd if it runs a script on c.key (EVALSHA: a script run
+// falls back to EVAL only after a NOSCRIPT, so each run counts once).
+func (c *scriptCounter) count(cmd redis.Cmder) {
+	args := cmd.Args()
+	if !strings.EqualFold(cmd.Name(), "evalsha") || len(args) < 4 || fmt.Sprint(args[3]) != c.key {
+		return
+	}
+	c.scripts.Add(1)
+	if n, err := strconv.ParseInt(fmt.Sprint(args[len(args)-2]), 10, 64); err == nil && len(args) == 8 && fmt.Sprint(args[2]) == "2" && n < 1e9 {
+		c.claims.Add(1)
+	}
+}
+
+// dueBacklog is n deliveries to a hanging endpoint, all due at once (a
+// burst of events while it hangs), and one delivery to a healthy endpoint
+// due after them, queued for workers that are not started and whose Redis
+// client counts the scripts they run on the webhook queue.
+type dueBacklog struct {
+	w       *queue.WebhookWorkers
+	stalled *stallingReceiver
+	healthy *hookReceiver
+	scripts *scriptCounter
+}
+
+func newDueBacklog(t testing.TB, e *env, n int) *dueBacklog {
+	t.Helper()
+	d := &dueBacklog{stalled: newStallingReceiver(t), healthy: newHookReceiver(t), scripts: &scriptCounter{key: e.keys.WebhookQueue()}}
+	h := webhooksAt(t, e.ledger, time.Hour, d.stalled.srv.URL)
+	burst := make([]domain.Event, n)
+	for i := range burst {
+		burst[i] = domain.Event{Type: domain.EventOrderPaid, Subject: fmt.Sprintf("burst-%d", i), OccurredAt: e.clock.Now(), Payload: "{}"}
+	}
+	for start := 0; start < n; start += 1000 {
+		part := burst[start:min(start+1000, n)]
+		if _, err := e.db.NewInsert().Model(&part).Exec(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := e.redis.NewClient(t)
+	client.AddHook(d.scripts)
+	d.w = queue.NewWebhookWorkers(queue.Config{Lease: time.Minute, RecoverEvery: time.Minute, SweepEvery: time.Hour}, client, e.keys, h, quietLogger())
+	if _, err := d.w.Sweep(e.ctx); err != nil { // fans the burst out and queues it
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	url := d.healthy.srv.URL
+	if _, _, err := h.CreateEndpoint(e.ctx, domain.WebhookEndpointInput{URL: &url, Events: []domain.EventType{domain.EventOrderPaid}}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	payOrder(t, e.ledger, e.product(t, 1), "after-the-burst")
+	if _, err := d.w.Sweep(e.ctx); err != nil { // its event, to both endpoints
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	return d
+}
+
+// BenchmarkWebhookDueBacklogWalk: started workers (the drain every second)
+// against KAMI_BENCH_WALK_N (default 20,000) due deliveries of a hanging
+// endpoint and one to a healthy endpoint due after them: the time and the
+// claims until the healthy one is sent. PostgreSQL and the real Redis;
+// one macro run:
+//
+//	go test ./queue/ -run '^$' -bench WebhookDueBacklogWalk -benchtime=1x
+func BenchmarkWebhookDueBacklogWalk(b *testing.B) {
+	n := envInt("KAMI_BENCH_WALK_N", 20_000)
+	for range b.N {
+		b.StopTimer()
+		rs := redistest.Open(b, redistest.Real)
+		e := newEnv(b, dbtest.Open(b, dbtest.Postgres), rs, domain.Config{})
+		d := newDueBacklog(b, e, n)
+		before := d.scripts.scripts.Load()
+		b.StartTimer()
+		start := time.Now()
+		if err := d.w.Start(e.ctx); err != nil {
+			b.Fatal(err)
+		}
+		for len(d.healthy.got()) == 0 {
+			if time.Since(start) > 10*time.Minute {
+				b.Fatal("the healthy endpoint's delivery was not sent within 10 minutes")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		took := time.Since(start)
+		b.StopTimer()
+		scripts, claims := d.scripts.scripts.Load()-before, d.scripts.claims.Load()
+		d.stalled.letGo()
+		d.w.Stop(e.ctx)
+		b.ReportMetric(took.Seconds(), "s/healthy-sent")
+		b.ReportMetric(float64(claims), "claims")
+		b.ReportMetric(float64(scripts), "scripts")
+	}
 }
