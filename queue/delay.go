@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -111,9 +112,11 @@ func (q *DelayQueue) Cancel(ctx context.Context, member string) error {
 	return fromLease.Err()
 }
 
-// Claimed is what one claim took: its members, held until Until.
+// Claimed is what one claim took: its members, held until Until, and the
+// time each was due (Due[i] is Members[i]'s, as it was queued).
 type Claimed struct {
 	Members []string
+	Due     []time.Time
 	Until   time.Time
 }
 
@@ -127,7 +130,17 @@ func (q *DelayQueue) Claim(ctx context.Context, now time.Time, n int, lease time
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Claimed{}, err
 	}
-	return Claimed{Members: res, Until: until}, nil
+	c := Claimed{Members: make([]string, 0, len(res)/2), Due: make([]time.Time, 0, len(res)/2), Until: until}
+	for i := 0; i+1 < len(res); i += 2 {
+		score, err := strconv.ParseFloat(res[i+1], 64)
+		if err != nil {
+			// Claimed, so held: its lease brings it back.
+			return Claimed{}, fmt.Errorf("claim: member %q has score %q: %w", res[i], res[i+1], err)
+		}
+		c.Members = append(c.Members, res[i])
+		c.Due = append(c.Due, fromMS(score))
+	}
+	return c, nil
 }
 
 // Ack removes finished members from the lease set, if they are still held
@@ -140,14 +153,20 @@ func (q *DelayQueue) Ack(ctx context.Context, until time.Time, members ...string
 }
 
 // Release puts members claimed with the lease until back on the queue,
-// due at due, and ends their lease, in one step (lease-safe: members no
-// longer held under that lease are left alone, and a member queued again
-// meanwhile keeps an earlier due time). It reports how many it put back.
-func (q *DelayQueue) Release(ctx context.Context, until, due time.Time, members ...string) (int, error) {
-	if len(members) == 0 {
+// each due at its Due, and ends their lease, in one step (lease-safe:
+// members no longer held under that lease are left alone, and a member
+// queued again meanwhile keeps an earlier due time). It reports how many
+// it put back.
+func (q *DelayQueue) Release(ctx context.Context, until time.Time, items ...Item) (int, error) {
+	if len(items) == 0 {
 		return 0, nil
 	}
-	return releaseScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, scriptArgs(members, ms(until), dueMS(due))...).Int()
+	args := make([]any, 0, 1+2*len(items))
+	args = append(args, ms(until))
+	for _, it := range items {
+		args = append(args, dueMS(it.Due), it.Member)
+	}
+	return releaseScript.Run(ctx, q.rdb, []string{q.queue, q.lease}, args...).Int()
 }
 
 // Advance makes queued members due at due if they were due later; members

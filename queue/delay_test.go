@@ -184,10 +184,11 @@ func TestLeaseExpiryAckAndRecover(t *testing.T) {
 	})
 }
 
-// TestReleaseAndAdvance: Release puts back only what the caller's lease
-// still holds (a member taken over after its lease expired stays with its
-// new holder) and never delays a member queued sooner meanwhile; Advance
-// moves only members on the queue, and only earlier.
+// TestReleaseAndAdvance: Claim reports when each member was due; Release
+// puts back, each at its own time, only what the caller's lease still
+// holds (a member taken over after its lease expired stays with its new
+// holder) and never delays a member queued sooner meanwhile; Advance moves
+// only members on the queue, and only earlier.
 func TestReleaseAndAdvance(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, rs *redistest.Server) {
 		ctx := context.Background()
@@ -201,6 +202,11 @@ func TestReleaseAndAdvance(t *testing.T) {
 		first, err := q.Claim(ctx, now, 10, 30*time.Second)
 		if err != nil || len(first.Members) != 3 {
 			t.Fatalf("claim: %v %v", first.Members, err)
+		}
+		for i, due := range first.Due {
+			if !due.Equal(now) {
+				t.Fatalf("claimed %s due at %v, want %v (as queued)", first.Members[i], due, now)
+			}
 		}
 		// The leases expire and another worker claims all three; a and b
 		// come round again and the first worker claims them once more: it
@@ -226,8 +232,12 @@ func TestReleaseAndAdvance(t *testing.T) {
 			t.Fatal(err)
 		}
 		park := now.Add(time.Hour)
-		if n, err := q.Release(ctx, first.Until, park, "a", "b", "c"); err != nil || n != 2 {
+		if n, err := q.Release(ctx, first.Until, queue.Item{Member: "a", Due: park}, queue.Item{Member: "b", Due: park.Add(time.Hour)},
+			queue.Item{Member: "c", Due: park}); err != nil || n != 2 {
 			t.Fatalf("released %d (%v), want a and b", n, err)
+		}
+		if s, err := rs.Client.ZScore(ctx, q.Key(), "a").Result(); err != nil || int64(s) != park.UnixMilli() {
+			t.Fatalf("a put back due at %v (%v), want its own time %v", s, err, park.UnixMilli())
 		}
 		st, err := q.Stats(ctx, now)
 		if err != nil || st.Backlog != 2 || st.Due != 1 || st.Leased != 1 {

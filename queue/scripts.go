@@ -13,16 +13,18 @@ import "github.com/redis/go-redis/v9"
 //
 // KEYS[1] queue ZSET, KEYS[2] lease ZSET (same hash tag)
 // ARGV[1] now (ms), ARGV[2] max members, ARGV[3] lease deadline (ms)
-// Returns the claimed members, earliest due first.
+// Returns the claimed members with the scores they were queued at (member,
+// score, member, score, ...), earliest due first.
 var claimScript = redis.NewScript(`
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 if #due == 0 then return due end
-local args = {}
-for i, m in ipairs(due) do
-	args[2*i-1] = ARGV[3]
-	args[2*i] = m
+local members, args = {}, {}
+for i = 1, #due, 2 do
+	members[#members+1] = due[i]
+	args[#args+1] = ARGV[3]
+	args[#args+1] = due[i]
 end
-redis.call('ZREM', KEYS[1], unpack(due))
+redis.call('ZREM', KEYS[1], unpack(members))
 redis.call('ZADD', KEYS[2], unpack(args))
 return due
 `)
@@ -63,25 +65,25 @@ end
 return n
 `)
 
-// releaseScript puts members back on the queue, due at ARGV[2], and ends
-// their lease, in one step: a member no longer held under the caller's
-// lease (it expired, another worker holds it now) is left alone, and one
-// already on the queue due earlier keeps its time.
+// releaseScript puts members back on the queue, each due at its own time,
+// and ends their lease, in one step: a member no longer held under the
+// caller's lease (it expired, another worker holds it now) is left alone,
+// and one already on the queue due earlier keeps its time.
 //
 // KEYS[1] queue ZSET, KEYS[2] lease ZSET
-// ARGV[1] lease deadline (ms) the members were claimed with, ARGV[2] due
-// (ms), ARGV[3..] members
+// ARGV[1] lease deadline (ms) the members were claimed with, then due (ms),
+// member pairs from ARGV[2]
 // Returns the number of members put back.
 var releaseScript = redis.NewScript(`
-local due = tonumber(ARGV[2])
 local n = 0
-for i = 3, #ARGV do
-	local s = redis.call('ZSCORE', KEYS[2], ARGV[i])
+for i = 2, #ARGV, 2 do
+	local due, m = tonumber(ARGV[i]), ARGV[i+1]
+	local s = redis.call('ZSCORE', KEYS[2], m)
 	if s and tonumber(s) == tonumber(ARGV[1]) then
-		redis.call('ZREM', KEYS[2], ARGV[i])
-		local q = redis.call('ZSCORE', KEYS[1], ARGV[i])
+		redis.call('ZREM', KEYS[2], m)
+		local q = redis.call('ZSCORE', KEYS[1], m)
 		if not q or tonumber(q) > due then
-			redis.call('ZADD', KEYS[1], ARGV[2], ARGV[i])
+			redis.call('ZADD', KEYS[1], ARGV[i], m)
 		end
 		n = n + 1
 	end

@@ -228,7 +228,11 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 	if err != nil {
 		// Back on the queue as they were; their lease brings back any
 		// this cannot put back.
-		if _, rerr := w.q.Release(w.ctx, c.Until, w.cfg.Now(), c.Members...); rerr != nil {
+		all := make([]Item, len(c.Members))
+		for i, m := range c.Members {
+			all[i] = Item{Member: m, Due: c.Due[i]}
+		}
+		if _, rerr := w.q.Release(w.ctx, c.Until, all...); rerr != nil {
 			w.redisErrors.Add(1)
 		}
 		w.errors.Add(1)
@@ -246,19 +250,19 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 	// one time, a hanging endpoint's backlog would come due together
 	// every timeout and be walked again ahead of every other endpoint's
 	// deliveries.
-	var parked []string
-	slots := map[int][]string{}
+	now := w.cfg.Now()
+	timeout := max(w.hooks.Config.Timeout, time.Second)
+	var parked []Item
 	waiting := map[int64]int{}
 	w.lanes.mu.Lock()
 	for _, m := range c.Members {
 		ep := endpointOf(m)
 		l := w.lanes.get(ep)
 		if l.inFlight >= max(w.PerEndpoint, 1) {
-			parked = append(parked, m)
 			ahead := min(len(l.parked)+waiting[ep], maxRemembered)
 			waiting[ep]++
 			slot := 1 + ahead/max(w.PerEndpoint, 1)
-			slots[slot] = append(slots[slot], m)
+			parked = append(parked, Item{Member: m, Due: now.Add(time.Duration(slot) * timeout)})
 			continue
 		}
 		l.inFlight++
@@ -272,27 +276,23 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 		return false, nil
 	}
 	// Due when the lane's attempts ahead of them must have ended; made
-	// due sooner as those end (hurry).
-	now := w.cfg.Now()
-	timeout := max(w.hooks.Config.Timeout, time.Second)
-	for slot, ms := range slots {
-		n, err := w.q.Release(w.ctx, c.Until, now.Add(time.Duration(slot)*timeout), ms...)
-		if err != nil {
-			// Left leased: the lease brings them back.
-			w.redisErrors.Add(1)
-			w.log.Warn("webhook deliveries of a busy endpoint could not be put back; their lease brings them back", "deliveries", len(ms), "err", err)
-			return false, nil
-		}
-		w.parked.Add(int64(n))
+	// due sooner as those end (hurry). One script for them all.
+	n, err := w.q.Release(w.ctx, c.Until, parked...)
+	if err != nil {
+		// Left leased: the lease brings them back.
+		w.redisErrors.Add(1)
+		w.log.Warn("webhook deliveries of a busy endpoint could not be put back; their lease brings them back", "deliveries", len(parked), "err", err)
+		return false, nil
 	}
+	w.parked.Add(int64(n))
 	// Remembered only now that they are on the queue: a sender that ended
 	// before finds the lane with room below, one that ends after finds
 	// them remembered.
 	w.lanes.mu.Lock()
 	touched := map[int64]bool{}
-	for _, m := range parked {
-		ep := endpointOf(m)
-		w.lanes.get(ep).remember(m)
+	for _, it := range parked {
+		ep := endpointOf(it.Member)
+		w.lanes.get(ep).remember(it.Member)
 		touched[ep] = true
 	}
 	w.lanes.mu.Unlock()
