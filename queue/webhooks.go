@@ -28,9 +28,13 @@ import (
 // takes no more than the free senders can start; a claimed delivery whose
 // lane is full is parked: put back on the queue (with its lease ended, in
 // one step) due when the lane's attempts must have ended, and made due
-// again as soon as one of them does. Nothing waits for a batch: a sender
-// that finishes lets the drain claim again, so an endpoint that hangs
-// until the timeout holds its own lane and nothing else.
+// again as soon as one of them does. Parking needs no sender, so after a
+// claim that parked more than it started the next takes walkClaim, and
+// what it cannot start for want of a sender goes back due as it was: a
+// busy lane's due backlog is walked walkClaim at a time. Nothing waits for
+// a batch: a sender that finishes lets the drain claim again, so an
+// endpoint that hangs until the timeout holds its own lane and nothing
+// else.
 type WebhookWorkers struct {
 	cfg   Config
 	rdb   redis.UniversalClient
@@ -40,9 +44,10 @@ type WebhookWorkers struct {
 	q     *DelayQueue
 	bo    backoff
 
-	// Batch caps one claim; Parallel is how many attempts run at once
-	// (each may wait up to the webhook timeout), PerEndpoint how many of
-	// them may go to one endpoint. Set before Start.
+	// Batch caps one claim (but one walking a busy lane's backlog, which
+	// takes walkClaim); Parallel is how many attempts run at once (each
+	// may wait up to the webhook timeout), PerEndpoint how many of them
+	// may go to one endpoint. Set before Start.
 	Batch, Parallel, PerEndpoint int
 	// SweepPage is how many pending deliveries the sweeper reads at a
 	// time (it reads them all, page by page).
@@ -81,10 +86,16 @@ type lane struct {
 // maxRemembered bounds the parked deliveries a lane remembers.
 const maxRemembered = 1000
 
-// maxClaimedPerRound bounds what one round of the claim loop takes (a
-// walk past a stalled endpoint's backlog parks it all); the next sender to
-// end or the next tick goes on.
-const maxClaimedPerRound = MaxClaim
+// walkClaim is what a claim takes after one that parked more deliveries
+// than it started: parking needs no sender, so a walk past a hanging
+// endpoint's due backlog goes walkClaim at a time instead of a free
+// sender's worth (each claim reads its deliveries' endpoints in one query
+// and puts back what it parked in one script).
+const walkClaim = 500
+
+// maxClaimsPerRound bounds one round of the claim loop; the next sender
+// to end or the next tick goes on.
+const maxClaimsPerRound = 256
 
 // WebhookQueue is the webhook delivery queue under keys.
 func WebhookQueue(rdb redis.UniversalClient, keys Keys) *DelayQueue {
@@ -174,9 +185,12 @@ func (w *WebhookWorkers) claimDue() {
 }
 
 // claimRound claims what the free senders can start until nothing is due
-// or no sender is free.
+// or no sender is free. After a claim that parked more than it started,
+// the next takes walkClaim (it is walking a busy lane's backlog); one
+// whose members did not all find a sender ends the walk.
 func (w *WebhookWorkers) claimRound() {
-	for claimed := 0; claimed < maxClaimedPerRound; {
+	walking := false
+	for range maxClaimsPerRound {
 		if w.stopping() {
 			return
 		}
@@ -188,6 +202,9 @@ func (w *WebhookWorkers) claimRound() {
 			return
 		}
 		n := min(max(w.Batch, 1), free)
+		if walking {
+			n = max(n, walkClaim)
+		}
 		c, err := w.q.Claim(w.ctx, w.cfg.Now(), n, w.cfg.Lease)
 		if err != nil {
 			w.redisErrors.Add(1)
@@ -196,28 +213,41 @@ func (w *WebhookWorkers) claimRound() {
 			return
 		}
 		w.bo.ok()
-		claimed += len(c.Members)
-		hurried, err := w.dispatch(c)
+		got, err := w.dispatch(c)
 		if err != nil {
 			d := w.bo.fail()
 			w.log.Warn("webhook lanes could not be read; backing off", "err", err, "pause", d)
 			return
 		}
-		if len(c.Members) < n && !hurried {
+		if len(c.Members) < n && !got.hurried && got.putBack == 0 {
 			w.more.Store(false)
 			return
 		}
+		walking = got.parked > got.started && got.putBack == 0
 	}
 	w.more.Store(true)
 }
 
+// dispatched is what dispatch did with a claim's members: started in a
+// sender, parked (their lane full), put back due as they were (their lane
+// had room, no sender was free); hurried says it made parked deliveries
+// due again.
+type dispatched struct {
+	started, parked, putBack int
+	hurried                  bool
+}
+
 // dispatch starts a sender for every claimed delivery whose lane has room
-// and parks the others. It reports whether it made parked deliveries due
-// again (a lane freed meanwhile).
-func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
+// while senders are free, parks those whose lane is full, and puts the
+// rest back as they were: a claim that walks a busy lane's backlog takes
+// more than the free senders, and what it cannot start waits at the head
+// of the queue for the next sender to end.
+func (w *WebhookWorkers) dispatch(c Claimed) (dispatched, error) {
+	var out dispatched
 	if len(c.Members) == 0 {
-		return false, nil
+		return out, nil
 	}
+	asQueued := func(i int) Item { return Item{Member: c.Members[i], Due: c.Due[i]} }
 	ids := make([]int64, 0, len(c.Members))
 	for _, m := range c.Members {
 		if id, err := strconv.ParseInt(m, 10, 64); err == nil {
@@ -229,14 +259,14 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 		// Back on the queue as they were; their lease brings back any
 		// this cannot put back.
 		all := make([]Item, len(c.Members))
-		for i, m := range c.Members {
-			all[i] = Item{Member: m, Due: c.Due[i]}
+		for i := range c.Members {
+			all[i] = asQueued(i)
 		}
 		if _, rerr := w.q.Release(w.ctx, c.Until, all...); rerr != nil {
 			w.redisErrors.Add(1)
 		}
 		w.errors.Add(1)
-		return false, err
+		return out, err
 	}
 	// A member naming no delivery goes through lane 0, where deliver
 	// drops it.
@@ -253,38 +283,52 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 	now := w.cfg.Now()
 	timeout := max(w.hooks.Config.Timeout, time.Second)
 	var parked []Item
+	var back []Item
 	waiting := map[int64]int{}
 	w.lanes.mu.Lock()
-	for _, m := range c.Members {
+	for i, m := range c.Members {
 		ep := endpointOf(m)
 		l := w.lanes.get(ep)
-		if l.inFlight >= max(w.PerEndpoint, 1) {
+		switch {
+		case l.inFlight >= max(w.PerEndpoint, 1):
 			ahead := min(len(l.parked)+waiting[ep], maxRemembered)
 			waiting[ep]++
 			slot := 1 + ahead/max(w.PerEndpoint, 1)
 			parked = append(parked, Item{Member: m, Due: now.Add(time.Duration(slot) * timeout)})
-			continue
+		case w.lanes.inFlight >= max(w.Parallel, 1):
+			back = append(back, asQueued(i))
+			w.lanes.drop(ep, l)
+		default:
+			l.inFlight++
+			w.lanes.inFlight++
+			delete(l.isParked, m) // came due on its own: not to be hurried
+			w.wg.Add(1)
+			go w.send(c.Until, m, ep)
+			out.started++
 		}
-		l.inFlight++
-		w.lanes.inFlight++
-		delete(l.isParked, m) // came due on its own: not to be hurried
-		w.wg.Add(1)
-		go w.send(c.Until, m, ep)
 	}
 	w.lanes.mu.Unlock()
+	// Put back due as they were: nothing waits longer than it would have
+	// unclaimed. Left leased if this fails: the lease brings them back.
+	out.putBack = len(back)
+	if _, err := w.q.Release(w.ctx, c.Until, back...); err != nil {
+		w.redisErrors.Add(1)
+		w.log.Warn("webhook deliveries no sender was free for could not be put back; their lease brings them back", "deliveries", len(back), "err", err)
+	}
 	if len(parked) == 0 {
-		return false, nil
+		return out, nil
 	}
 	// Due when the lane's attempts ahead of them must have ended; made
-	// due sooner as those end (hurry). One script for them all.
+	// due sooner as those end (hurry).
 	n, err := w.q.Release(w.ctx, c.Until, parked...)
 	if err != nil {
 		// Left leased: the lease brings them back.
 		w.redisErrors.Add(1)
 		w.log.Warn("webhook deliveries of a busy endpoint could not be put back; their lease brings them back", "deliveries", len(parked), "err", err)
-		return false, nil
+		return out, nil
 	}
 	w.parked.Add(int64(n))
+	out.parked = n
 	// Remembered only now that they are on the queue: a sender that ended
 	// before finds the lane with room below, one that ends after finds
 	// them remembered.
@@ -296,13 +340,12 @@ func (w *WebhookWorkers) dispatch(c Claimed) (bool, error) {
 		touched[ep] = true
 	}
 	w.lanes.mu.Unlock()
-	hurried := false
 	for ep := range touched {
 		if w.hurry(ep) > 0 {
-			hurried = true
+			out.hurried = true
 		}
 	}
-	return hurried, nil
+	return out, nil
 }
 
 // get returns ep's lane, made on first use. Under l.mu.

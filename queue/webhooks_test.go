@@ -454,6 +454,7 @@ func TestWebhookSweepReadsEveryPage(t *testing.T) {
 type scriptCounter struct {
 	key             string
 	scripts, claims atomic.Int64
+	firstClaim      atomic.Int64 // unix ns
 }
 
 func (c *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -483,24 +484,26 @@ func (c *scriptCounter) count(cmd redis.Cmder) {
 	}
 	c.scripts.Add(1)
 	if n, err := strconv.ParseInt(fmt.Sprint(args[len(args)-2]), 10, 64); err == nil && len(args) == 8 && fmt.Sprint(args[2]) == "2" && n < 1e9 {
-		c.claims.Add(1)
+		if c.claims.Add(1) == 1 {
+			c.firstClaim.Store(time.Now().UnixNano())
+		}
 	}
 }
 
 // dueBacklog is n deliveries to a hanging endpoint, all due at once (a
-// burst of events while it hangs), and one delivery to a healthy endpoint
-// due after them, queued for workers that are not started and whose Redis
-// client counts the scripts they run on the webhook queue.
+// burst of events while it hangs), and after them one event's deliveries
+// to it and to endpoints made after the burst, queued for workers that are
+// not started and whose Redis client counts the scripts they run on the
+// webhook queue.
 type dueBacklog struct {
 	w       *queue.WebhookWorkers
 	stalled *stallingReceiver
-	healthy *hookReceiver
 	scripts *scriptCounter
 }
 
-func newDueBacklog(t testing.TB, e *env, n int) *dueBacklog {
+func newDueBacklog(t testing.TB, e *env, n int, after ...string) *dueBacklog {
 	t.Helper()
-	d := &dueBacklog{stalled: newStallingReceiver(t), healthy: newHookReceiver(t), scripts: &scriptCounter{key: e.keys.WebhookQueue()}}
+	d := &dueBacklog{stalled: newStallingReceiver(t), scripts: &scriptCounter{key: e.keys.WebhookQueue()}}
 	h := webhooksAt(t, e.ledger, time.Hour, d.stalled.srv.URL)
 	burst := make([]domain.Event, n)
 	for i := range burst {
@@ -519,23 +522,133 @@ func newDueBacklog(t testing.TB, e *env, n int) *dueBacklog {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Second)
-	url := d.healthy.srv.URL
-	if _, _, err := h.CreateEndpoint(e.ctx, domain.WebhookEndpointInput{URL: &url, Events: []domain.EventType{domain.EventOrderPaid}}, "test"); err != nil {
-		t.Fatal(err)
+	for _, url := range after {
+		if _, _, err := h.CreateEndpoint(e.ctx, domain.WebhookEndpointInput{URL: &url, Events: []domain.EventType{domain.EventOrderPaid}}, "test"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	payOrder(t, e.ledger, e.product(t, 1), "after-the-burst")
-	if _, err := d.w.Sweep(e.ctx); err != nil { // its event, to both endpoints
+	if _, err := d.w.Sweep(e.ctx); err != nil { // its event, to every endpoint
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Second)
 	return d
 }
 
+// TestWebhookDueBacklogIsWalkedInFewClaims: a hanging endpoint's backlog,
+// all due at once, stands before one delivery to a healthy endpoint. The
+// claims past it park the backlog many at a time (parking needs no
+// sender), so the healthy delivery is claimed and sent within
+// ceil(backlog/walk) and a few claims, each with one script to put back
+// what it parked, instead of one claim per free sender's worth of the
+// backlog. Once the hanging endpoint answers, every delivery is delivered
+// once.
+func TestWebhookDueBacklogIsWalkedInFewClaims(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{})
+		// Within what the lane remembers (1,000 parked), so that its
+		// senders alone bring the whole backlog back once it answers.
+		const n = 600
+		const walk = 500 // what a claim after one that parked most takes (queue's walkClaim)
+		healthy := newHookReceiver(t)
+		d := newDueBacklog(t, e, n, healthy.srv.URL)
+		before := d.scripts.scripts.Load()
+		d.w.Drain() // claims until nothing is due: one round, no tick
+		scripts, claims := d.scripts.scripts.Load()-before, d.scripts.claims.Load()
+		t.Logf("%d due deliveries of a hanging endpoint walked in %d claims, %d scripts on the queue", n, claims, scripts)
+		if most := 2 * ((n+walk-1)/walk + 4); scripts > int64(most) {
+			t.Fatalf("the walk past %d due deliveries of a hanging endpoint ran %d scripts on the queue (%d claims); want at most %d", n, scripts, claims, most)
+		}
+		eventually(t, 30*time.Second, "the healthy endpoint received its event", func() bool { return len(healthy.got()) == 1 })
+		_, held, _ := d.stalled.state()
+		if held > d.w.PerEndpoint {
+			t.Fatalf("the hanging endpoint holds %d requests; its lane has %d senders", held, d.w.PerEndpoint)
+		}
+		d.stalled.letGo()
+		waitDelivered(t, db, n+2)
+		ids, _, most := d.stalled.state()
+		distinct(t, "the hanging endpoint", ids, n+1)
+		distinct(t, "the healthy endpoint", healthy.got(), 1)
+		if most > d.w.PerEndpoint {
+			t.Fatalf("the hanging endpoint held %d requests at once; its lane has %d senders", most, d.w.PerEndpoint)
+		}
+		eventually(t, 30*time.Second, "the senders done", func() bool { return d.w.Stats().InFlight == 0 })
+	})
+}
+
+// TestWebhookWalkPutsBackWhatNoSenderTakes: a claim walking a hanging
+// endpoint's backlog takes more deliveries than there are free senders;
+// those whose lane has room but found no sender go back on the queue due
+// as they were (neither leased nor parked for later), and are sent as
+// senders free, each once.
+func TestWebhookWalkPutsBackWhatNoSenderTakes(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{})
+		others := []*stallingReceiver{newStallingReceiver(t), newStallingReceiver(t), newStallingReceiver(t)}
+		const n = 40
+		d := newDueBacklog(t, e, n, others[0].srv.URL, others[1].srv.URL, others[2].srv.URL)
+		k := d.w.PerEndpoint
+		d.w.Parallel = k + 1 // the hanging lane's senders and one more
+		q := queue.WebhookQueue(rs.Client, e.keys)
+		queued := func() map[string]float64 {
+			zs, err := rs.Client.ZRangeWithScores(e.ctx, q.Key(), 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := map[string]float64{}
+			for _, z := range zs {
+				m[z.Member.(string)] = z.Score
+			}
+			return m
+		}
+		before := queued()
+		d.w.Drain()
+		// The hanging lane's k and one other endpoint's delivery are being
+		// sent; the rest of the backlog is parked; the two other endpoints'
+		// deliveries wait due, at their own time.
+		st, err := d.w.QueueStats(e.ctx)
+		if err != nil || st.Leased != int64(k+1) || st.Due != 2 || st.Backlog != int64(n+1-k+2) {
+			t.Fatalf("after the walk: %+v, %v; want %d leased, 2 due, %d queued", st, err, k+1, n+1-k+2)
+		}
+		now := float64(e.clock.Now().UnixMilli())
+		due := 0
+		for m, score := range queued() {
+			if score <= now {
+				due++
+				if score != before[m] {
+					t.Fatalf("delivery %s put back due at %v; it was due at %v", m, score, before[m])
+				}
+			}
+		}
+		if due != 2 {
+			t.Fatalf("%d deliveries due after the walk, want 2", due)
+		}
+		d.stalled.letGo()
+		for _, o := range others {
+			o.letGo()
+		}
+		waitDelivered(t, db, n+1+len(others))
+		ids, _, most := d.stalled.state()
+		distinct(t, "the hanging endpoint", ids, n+1)
+		if most > k {
+			t.Fatalf("the hanging endpoint held %d requests at once; its lane has %d senders", most, k)
+		}
+		for _, o := range others {
+			ids, _, _ := o.state()
+			distinct(t, "another endpoint", ids, 1)
+		}
+		eventually(t, 30*time.Second, "the senders done", func() bool { return d.w.Stats().InFlight == 0 })
+	})
+}
+
 // BenchmarkWebhookDueBacklogWalk: started workers (the drain every second)
 // against KAMI_BENCH_WALK_N (default 20,000) due deliveries of a hanging
 // endpoint and one to a healthy endpoint due after them: the time and the
-// claims until the healthy one is sent. PostgreSQL and the real Redis;
-// one macro run:
+// claims until the healthy one is sent, from the start (the first drain
+// waits for the next whole second) and from the first claim. PostgreSQL
+// and the real Redis; one macro run:
 //
 //	go test ./queue/ -run '^$' -bench WebhookDueBacklogWalk -benchtime=1x
 func BenchmarkWebhookDueBacklogWalk(b *testing.B) {
@@ -544,25 +657,33 @@ func BenchmarkWebhookDueBacklogWalk(b *testing.B) {
 		b.StopTimer()
 		rs := redistest.Open(b, redistest.Real)
 		e := newEnv(b, dbtest.Open(b, dbtest.Postgres), rs, domain.Config{})
-		d := newDueBacklog(b, e, n)
+		healthy := newHookReceiver(b)
+		d := newDueBacklog(b, e, n, healthy.srv.URL)
+		// The burst comes while kami runs: no sweeper pass at start reads
+		// the backlog again beside the walk.
+		if err := rs.Client.Set(e.ctx, e.keys.WebhookSweepLock(), fmt.Sprintf("%d:bench", time.Now().Add(time.Hour).UnixMilli()), time.Hour).Err(); err != nil {
+			b.Fatal(err)
+		}
 		before := d.scripts.scripts.Load()
 		b.StartTimer()
 		start := time.Now()
 		if err := d.w.Start(e.ctx); err != nil {
 			b.Fatal(err)
 		}
-		for len(d.healthy.got()) == 0 {
+		for len(healthy.got()) == 0 {
 			if time.Since(start) > 10*time.Minute {
 				b.Fatal("the healthy endpoint's delivery was not sent within 10 minutes")
 			}
 			time.Sleep(time.Millisecond)
 		}
 		took := time.Since(start)
+		walked := time.Since(time.Unix(0, d.scripts.firstClaim.Load()))
 		b.StopTimer()
 		scripts, claims := d.scripts.scripts.Load()-before, d.scripts.claims.Load()
 		d.stalled.letGo()
 		d.w.Stop(e.ctx)
 		b.ReportMetric(took.Seconds(), "s/healthy-sent")
+		b.ReportMetric(walked.Seconds(), "s/from-first-claim")
 		b.ReportMetric(float64(claims), "claims")
 		b.ReportMetric(float64(scripts), "scripts")
 	}
