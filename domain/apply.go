@@ -44,6 +44,12 @@ func applyReturning(ctx context.Context, db bun.IDB, t Transition, now time.Time
 // transition is apply's UPDATE, built and not run: writeAll sends it with
 // the other writes of a batch.
 func transition(db bun.IDB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
+	return transitionAt(db, t, now, key, cols)
+}
+
+// transitionAt is transition at now, a time or an SQL expression such as
+// the database's clock (bun.Safe("CURRENT_TIMESTAMP")).
+func transitionAt(db bun.IDB, t Transition, now any, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
 	q := db.NewUpdate().Table(t.Table).
 		Set("status = ?", t.To).
 		Set("updated_at = ?", now)

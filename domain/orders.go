@@ -13,7 +13,6 @@ import (
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
-	"github.com/uptrace/bun/dialect/pgdialect"
 )
 
 // notFound turns sql.ErrNoRows into NOT_FOUND and passes other errors on.
@@ -713,16 +712,26 @@ func (l *Ledger) closeDueBy(ctx context.Context, orderNos []string, reason Close
 }
 
 func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy time.Time) ([]CloseResult, []Alert, error) {
-	// Due is judged by the database's clock, read in this transaction:
-	// a process whose own clock runs fast closes nothing early.
-	now, err := l.dbNow(ctx, tx)
-	if err != nil {
-		return nil, nil, err
+	pg := dialectName(tx) == dialect.PG
+	var closed, others []Order
+	var now time.Time
+	var err error
+	if pg {
+		// One statement reads the database's clock, locks, closes and
+		// reads the orders (see close_pg.go).
+		closed, others, now, err = l.closeOrderRowsPG(ctx, tx, nos, reason, dueBy)
+	} else {
+		// Due is judged by the database's clock, read in this
+		// transaction: a process whose own clock runs fast closes
+		// nothing early.
+		if now, err = l.dbNow(ctx, tx); err != nil {
+			return nil, nil, err
+		}
+		if dueBy.IsZero() || dueBy.After(now) {
+			dueBy = now
+		}
+		closed, others, err = closeOrderRows(ctx, tx, nos, reason, dueBy, now)
 	}
-	if dueBy.IsZero() || dueBy.After(now) {
-		dueBy = now
-	}
-	closed, others, err := closeOrderRows(ctx, tx, nos, reason, dueBy, now)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -751,9 +760,26 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })
 		return results, nil, nil
 	}
-	recycledBy, withdrawnBy, err := releaseLocked(ctx, tx, closing, now)
+	var locked []lockedCard
+	if pg {
+		locked, err = lockedCardsPG(ctx, tx, closing)
+	} else {
+		locked, err = lockedCardsAndBatches(ctx, tx, closing)
+	}
 	if err != nil {
 		return nil, nil, err
+	}
+	// A recalled batch's cards are withdrawn, the others go back on sale.
+	recycledBy, withdrawnBy := map[string]int{}, map[string]int{}
+	var toRecycle, toWithdraw []int64
+	for _, c := range locked {
+		if c.BatchStatus == BatchRecalled {
+			withdrawnBy[c.OrderNo]++
+			toWithdraw = append(toWithdraw, c.ID)
+		} else {
+			recycledBy[c.OrderNo]++
+			toRecycle = append(toRecycle, c.ID)
+		}
 	}
 	var flows []StockFlow
 	var alerts []Alert
@@ -777,10 +803,7 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		}
 		results = append(results, r)
 	}
-	if err := writeFlow(ctx, tx, now, flows...); err != nil {
-		return nil, nil, err
-	}
-	if err := recordEvents(ctx, tx, now, events...); err != nil {
+	if err := writeClose(ctx, tx, now, toWithdraw, toRecycle, flows, events); err != nil {
 		return nil, nil, err
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })
@@ -799,42 +822,26 @@ var closedColumns = []string{"order_no", "product_id", "quantity", "amount_fen",
 // stay locked until the transaction ends: a payment of one of them waits,
 // then finds it CLOSED.
 //
-// PostgreSQL and SQLite close and read in one statement (UPDATE …
-// RETURNING), and read the others (usually none) afterwards without a
-// lock: only the conditional UPDATE decides. On PostgreSQL it locks its
-// rows in order_no order first (whereOrderNosInLockOrder), as a payment
-// batch does. MySQL and MariaDB, which have no UPDATE …
-// RETURNING, lock and read the orders first (in order_no order), then
-// close exactly the ones read as closable.
+// SQLite closes and reads in one statement (UPDATE … RETURNING), and reads
+// the others (usually none) afterwards: only the conditional UPDATE
+// decides. MySQL and MariaDB, which have no UPDATE … RETURNING, lock and
+// read the orders first (in order_no order, the order every payment
+// locks in), then close exactly the ones read as closable. (PostgreSQL:
+// closeOrderRowsPG.)
 func closeOrderRows(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy, now time.Time) (closed, others []Order, err error) {
 	due := func(nos []string) func(q *bun.UpdateQuery) *bun.UpdateQuery {
 		if reason != CloseTimeout {
-			return whereOrderNosInLockOrder(tx, nos)
+			return whereOrderNos(nos)
 		}
 		return func(q *bun.UpdateQuery) *bun.UpdateQuery {
-			return whereOrderNosInLockOrder(tx, nos)(q).Where("expires_at <= ?", dueBy)
+			return whereOrderNos(nos)(q).Where("expires_at <= ?", dueBy)
 		}
 	}
 	if dialectName(tx) != dialect.MySQL {
 		if err := applyReturning(ctx, tx, OrderClose, now, due(nos), closedColumns, &closed, col("closed_at = ?", now)); err != nil {
 			return nil, nil, err
 		}
-		sort.Slice(closed, func(i, j int) bool { return closed[i].OrderNo < closed[j].OrderNo })
-		if len(closed) == len(nos) {
-			return closed, nil, nil
-		}
-		isClosed := make(map[string]bool, len(closed))
-		for _, o := range closed {
-			isClosed[o.OrderNo] = true
-		}
-		rest := make([]string, 0, len(nos)-len(closed))
-		for _, no := range nos {
-			if !isClosed[no] {
-				rest = append(rest, no)
-			}
-		}
-		err := tx.NewSelect().Model(&others).Column("order_no", "product_id", "status", "expires_at").
-			Where("order_no IN (?)", bun.List(rest)).Scan(ctx)
+		others, err := notClosed(ctx, tx, nos, closed)
 		return closed, others, err
 	}
 	var orders []Order
@@ -865,101 +872,114 @@ func closeOrderRows(ctx context.Context, tx bun.Tx, nos []string, reason CloseRe
 	return closed, others, nil
 }
 
-// releaseLocked frees the LOCKED cards of orders being closed: back on
-// sale (RECYCLED), or WITHDRAWN where their batch was recalled. It returns
-// how many of each per order.
-//
-// The batch rows are share-locked before the cards move: a recall updates
-// its batch row first, so it either committed before (the batch reads
-// RECALLED here and its cards are withdrawn) or waits until this
-// transaction commits (and then finds the cards RECYCLED, which it
+// notClosed sorts closed, the orders among nos (sorted, distinct) that
+// one UPDATE … RETURNING closed, by order_no, and reads the rest of nos
+// (usually none) without a lock: the conditional UPDATE decided them.
+func notClosed(ctx context.Context, tx bun.Tx, nos []string, closed []Order) (others []Order, err error) {
+	sort.Slice(closed, func(i, j int) bool { return closed[i].OrderNo < closed[j].OrderNo })
+	if len(closed) == len(nos) {
+		return nil, nil
+	}
+	isClosed := make(map[string]bool, len(closed))
+	for _, o := range closed {
+		isClosed[o.OrderNo] = true
+	}
+	rest := make([]string, 0, len(nos)-len(closed))
+	for _, no := range nos {
+		if !isClosed[no] {
+			rest = append(rest, no)
+		}
+	}
+	err = tx.NewSelect().Model(&others).Column("order_no", "product_id", "status", "expires_at").
+		Where("order_no IN (?)", bun.List(rest)).Scan(ctx)
+	return others, err
+}
+
+// lockedCard is a LOCKED card of an order being closed, and the status of
+// its batch, read under a share lock (see lockedCardsAndBatches).
+type lockedCard struct {
+	ID          int64       `bun:"id"`
+	OrderNo     string      `bun:"order_no"`
+	BatchID     int64       `bun:"batch_id"`
+	BatchStatus BatchStatus `bun:"batch_status"`
+}
+
+// lockedCardsAndBatches reads the LOCKED cards of orderNos, orders being
+// closed, and share-locks their batches' rows to read their status. A
+// recall updates its batch row first, so it either committed before (the
+// batch reads RECALLED here and its cards are withdrawn) or waits until
+// this transaction commits (and then finds the cards RECYCLED, which it
 // withdraws). Without the lock a recall committing between this read and
 // the recycle would leave a recalled card on sale.
 //
-// The cards are found by their orders and then moved by their ids: no
-// card can become LOCKED to an order meanwhile (the orders are locked and
-// CLOSED in this transaction), and a card that left LOCKED since it was
-// read makes the count differ, and the transaction runs again.
-func releaseLocked(ctx context.Context, tx bun.Tx, orderNos []string, now time.Time) (recycled, withdrawn map[string]int, err error) {
-	locked, err := lockedCards(ctx, tx, orderNos)
-	if err != nil {
-		return nil, nil, err
+// The cards are found by their orders and then moved by their ids
+// (writeClose): no card can become LOCKED to an order meanwhile (the
+// orders are locked and CLOSED in this transaction), and a card that left
+// LOCKED since it was read makes the count differ, and the transaction
+// runs again. (PostgreSQL: lockedCardsPG, one statement.)
+func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([]lockedCard, error) {
+	var cards []lockedCard
+	if err := tx.NewSelect().Table("card_stock").Column("id", "order_no", "batch_id").
+		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", CardLocked).Scan(ctx, &cards); err != nil {
+		return nil, err
 	}
 	batchIDs := map[int64]bool{}
-	for _, c := range locked {
+	for _, c := range cards {
 		batchIDs[c.BatchID] = true
+	}
+	if len(batchIDs) == 0 {
+		return cards, nil
 	}
 	var batches []struct {
 		ID     int64       `bun:"id"`
 		Status BatchStatus `bun:"status"`
 	}
-	if len(batchIDs) > 0 {
-		if err := tx.NewRaw("SELECT id, status FROM card_batch WHERE id IN (?) ORDER BY id "+shareLock(tx),
-			bun.List(sortedKeys(batchIDs))).Scan(ctx, &batches); err != nil {
-			return nil, nil, err
-		}
+	if err := tx.NewRaw("SELECT id, status FROM card_batch WHERE id IN (?) ORDER BY id "+shareLock(tx),
+		bun.List(sortedKeys(batchIDs))).Scan(ctx, &batches); err != nil {
+		return nil, err
 	}
-	isRecalled := map[int64]bool{}
+	status := make(map[int64]BatchStatus, len(batches))
 	for _, b := range batches {
-		if b.Status == BatchRecalled {
-			isRecalled[b.ID] = true
-		}
+		status[b.ID] = b.Status
 	}
-	recycled, withdrawn = map[string]int{}, map[string]int{}
-	var toRecycle, toWithdraw []int64
-	for _, c := range locked {
-		if isRecalled[c.BatchID] {
-			withdrawn[c.OrderNo]++
-			toWithdraw = append(toWithdraw, c.ID)
-		} else {
-			recycled[c.OrderNo]++
-			toRecycle = append(toRecycle, c.ID)
-		}
+	for i := range cards {
+		cards[i].BatchStatus = status[cards[i].BatchID]
 	}
+	return cards, nil
+}
+
+// writeClose writes what a close batch changes besides its orders: its
+// cards withdrawn or recycled (by id, guarded, each count checked), its
+// journal entries and its events; on PostgreSQL in one statement
+// (writeAll), in this order.
+func writeClose(ctx context.Context, tx bun.Tx, now time.Time, toWithdraw, toRecycle []int64, flows []StockFlow, events []Event) error {
+	var qs []writeQuery
+	var want []int
 	for _, m := range []struct {
 		t   Transition
 		ids []int64
 	}{{CardWithdrawLocked, toWithdraw}, {CardRecycle, toRecycle}} {
-		if len(m.ids) == 0 {
-			continue
-		}
-		n, err := apply(ctx, tx, m.t, now, whereIDs(m.ids))
-		if err != nil {
-			return nil, nil, err
-		}
-		if n != int64(len(m.ids)) {
-			return nil, nil, errRetry
+		if len(m.ids) > 0 {
+			qs, want = append(qs, transition(tx, m.t, now, whereIDs(m.ids), nil)), append(want, len(m.ids))
 		}
 	}
-	return recycled, withdrawn, nil
-}
-
-// lockedCard is a LOCKED card of an order being closed.
-type lockedCard struct {
-	ID      int64  `bun:"id"`
-	OrderNo string `bun:"order_no"`
-	BatchID int64  `bun:"batch_id"`
-}
-
-// lockedCards reads the LOCKED cards of orderNos.
-func lockedCards(ctx context.Context, tx bun.IDB, orderNos []string) ([]lockedCard, error) {
-	var cards []lockedCard
-	if dialectName(tx) == dialect.PG {
-		// One probe of the (order_no, status) index per order. Asked as
-		// "order_no IN (…500 numbers…)", PostgreSQL weighs 500 index
-		// probes against one pass over card_stock and, while the table
-		// holds some tens of thousands of cards, picks the pass, which
-		// compares every card with the list: 14 ms against 2 ms a batch
-		// of 500, and it grows with the table. OFFSET 0 keeps the lateral
-		// subquery a subquery, so it runs once per order, on the index.
-		err := tx.NewRaw(`SELECT c.id, c.order_no, c.batch_id FROM unnest(?::text[]) AS u(no)
-			CROSS JOIN LATERAL (SELECT id, order_no, batch_id FROM card_stock WHERE order_no = u.no AND status = ? OFFSET 0) AS c`,
-			pgdialect.Array(orderNos), CardLocked).Scan(ctx, &cards)
-		return cards, err
+	if len(flows) > 0 {
+		qs, want = append(qs, flowInsert(tx, now, flows)), append(want, -1)
 	}
-	err := tx.NewSelect().Table("card_stock").Column("id", "order_no", "batch_id").
-		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", CardLocked).Scan(ctx, &cards)
-	return cards, err
+	if len(events) > 0 && !outboxOff.Load() {
+		qs, want = append(qs, eventsInsert(tx, now, events)), append(want, -1)
+	}
+	counts, err := writeAll(ctx, tx, qs...)
+	if err != nil {
+		return err
+	}
+	for i, n := range want {
+		if n >= 0 && counts[i] != int64(n) {
+			// A card left LOCKED since it was read: run again.
+			return errRetry
+		}
+	}
+	return nil
 }
 
 // CancelOrder closes a PENDING order for its buyer now, through the one
@@ -991,6 +1011,39 @@ func uniqueSorted(xs []string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// pendingOf reads the PENDING orders among nos (sorted, distinct), in
+// order_no order, for the pre-close check; withClock, also the database's
+// clock, in the same statement where it can (a round trip of its own
+// only when no order was read).
+func (l *Ledger) pendingOf(ctx context.Context, nos []string, withClock bool) ([]Order, time.Time, error) {
+	var orders []Order
+	var now time.Time
+	if dialectName(l.db) == dialect.PG {
+		var err error
+		if orders, now, err = l.pendingOfPG(ctx, nos, withClock); err != nil {
+			return nil, time.Time{}, err
+		}
+	} else {
+		q := l.db.NewSelect().Table("orders").Column("order_no", "product_id", "provider", "status", "expires_at").
+			Where("order_no IN (?)", bun.List(nos)).Where("status = ?", OrderPending)
+		if clock := l.clockSQL(l.db); withClock && clock != "" {
+			q = q.ColumnExpr(clock + " AS db_now")
+		}
+		var rs []pendingRow
+		if err := q.Scan(ctx, &rs); err != nil {
+			return nil, time.Time{}, err
+		}
+		orders, now = pendingRows(rs)
+	}
+	if withClock && now.IsZero() {
+		var err error
+		if now, err = l.dbNow(ctx, l.db); err != nil {
+			return nil, time.Time{}, err
+		}
+	}
+	return orders, now, nil
 }
 
 // PendingOrder is a PENDING order as the schedulers see it.

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/uptrace/bun"
-
 	"kami/domain/money"
 	"kami/providers"
 )
@@ -340,21 +338,13 @@ func (s *Shop) CloseOrders(ctx context.Context, orderNos []string, reason CloseR
 	var dueBy time.Time
 	var decided []CloseResult
 	if s.PreCloseCheck {
-		var err error
-		if reason == CloseTimeout {
-			// The database's clock, as the close transaction will judge.
-			if dueBy, err = s.Ledger.DBNow(ctx); err != nil {
-				s.observer().CloseFailed(len(orderNos))
-				return nil, err
-			}
-		}
-		closeNow, checked, err := s.preClose(ctx, orderNos, dueBy)
+		closeNow, checked, checkedBy, err := s.preClose(ctx, orderNos, reason == CloseTimeout)
 		if err != nil {
 			// Nothing could be checked: nothing is closed.
 			s.observer().CloseFailed(len(orderNos))
 			return nil, err
 		}
-		orderNos, decided = closeNow, checked
+		orderNos, decided, dueBy = closeNow, checked, checkedBy
 	}
 	rs, err := s.Ledger.closeDueBy(ctx, orderNos, reason, dueBy)
 	if err != nil {
@@ -534,28 +524,29 @@ const (
 // CloseDeferred with the time to check it again. A money question that
 // cannot be answered is never settled by closing: the order waits.
 //
-// A buyer's cancel takes the same check (dueBy zero: any PENDING order),
-// so that a cancelled order's trade can no longer be paid, and a payment
-// that crossed the cancel delivers.
+// For a close on timeout (due), an order is due when it expired by the
+// database's clock, read with the orders: dueBy, which the close
+// transaction then judges by too, so that an order expiring between the
+// check and the transaction is never closed unchecked. A buyer's cancel
+// takes the same check (any PENDING order; dueBy zero), so that a
+// cancelled order's trade can no longer be paid, and a payment that
+// crossed the cancel delivers.
 //
 // Orders not PENDING or not due by dueBy pass through: the ledger skips
 // them or finds them not due. An error (the orders could not be read)
 // means nothing was checked, and nothing may close.
-func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time) (closeNow []string, decided []CloseResult, err error) {
+func (s *Shop) preClose(ctx context.Context, orderNos []string, due bool) (closeNow []string, decided []CloseResult, dueBy time.Time, err error) {
 	timeout := s.providerTimeout()
 	orderNos = uniqueSorted(orderNos) // an order listed twice is checked once
-	var due []Order
-	q := s.Ledger.db.NewSelect().Model(&due).Column("order_no", "product_id", "provider", "status", "expires_at").
-		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", OrderPending)
-	if !dueBy.IsZero() {
-		q = q.Where("expires_at <= ?", dueBy)
+	pending, dueBy, err := s.Ledger.pendingOf(ctx, orderNos, due)
+	if err != nil {
+		return nil, nil, time.Time{}, fmt.Errorf("read orders to check before close: %w", err)
 	}
-	if err := q.Scan(ctx); err != nil {
-		return nil, nil, fmt.Errorf("read orders to check before close: %w", err)
-	}
-	dueByNo := make(map[string]*Order, len(due))
-	for i := range due {
-		dueByNo[due[i].OrderNo] = &due[i]
+	dueByNo := make(map[string]*Order, len(pending))
+	for i := range pending {
+		if o := &pending[i]; !due || !o.ExpiresAt.After(dueBy) {
+			dueByNo[o.OrderNo] = o
+		}
 	}
 	verdicts := make([]tradeVerdict, len(orderNos))
 	status := make([]OrderStatus, len(orderNos))
@@ -661,7 +652,7 @@ func (s *Shop) preClose(ctx context.Context, orderNos []string, dueBy time.Time)
 				ExpiresAt: o.ExpiresAt, RetryAt: retryAt})
 		}
 	}
-	return closeNow, decided, nil
+	return closeNow, decided, dueBy, nil
 }
 
 // checkTrade asks o's gateway about its trade: unpaid, it is closed at the

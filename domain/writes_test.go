@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/uptrace/bun"
 
 	"kami/domain"
 	"kami/domain/dbtest"
@@ -48,6 +49,19 @@ func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver
 	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
 }
 
+// countedLedger is a ledger over a fresh database of kind k whose round
+// trips rt counts.
+func countedLedger(t *testing.T, k dbtest.Kind, cfg domain.Config) (*domain.Ledger, *bun.DB, *roundTrips) {
+	t.Helper()
+	rt := &roundTrips{}
+	db := dbtest.OpenWith(t, k, domain.DBOptions{WrapConnector: rt.wrap})
+	sealer, err := domain.NewSealer(domaintest.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return domain.NewLedger(db, sealer, cfg, &alerts{}), db, rt
+}
+
 type countingTx struct {
 	driver.Tx
 	r *roundTrips
@@ -73,14 +87,8 @@ func TestPlaceAndPayRoundTrips(t *testing.T) {
 	for _, k := range []dbtest.Kind{dbtest.Postgres, dbtest.MySQL} {
 		t.Run(string(k), func(t *testing.T) {
 			t.Parallel()
-			var rt roundTrips
-			db := dbtest.OpenWith(t, k, domain.DBOptions{WrapConnector: rt.wrap})
-			sealer, err := domain.NewSealer(domaintest.Key())
-			if err != nil {
-				t.Fatal(err)
-			}
 			const ttl = 10 * time.Minute
-			l := domain.NewLedger(db, sealer, domain.Config{OrderTTL: ttl}, &alerts{})
+			l, db, rt := countedLedger(t, k, domain.Config{OrderTTL: ttl})
 			ctx := context.Background()
 			name, price := "Game key", int64(500)
 			p, err := l.CreateProduct(ctx, domain.ProductInput{Name: &name, PriceFen: &price}, "test")

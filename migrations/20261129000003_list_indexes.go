@@ -22,13 +22,8 @@ func init() {
 		if err := execAll(ctx, db, `CREATE INDEX orders_status_expires ON orders (status, expires_at);`); err != nil {
 			return err
 		}
-		for _, ix := range [][2]string{{"orders", "orders_status_expires_id"}, {"orders", "orders_created"},
-			{"refund_order", "refund_order_created"}} {
-			if err := dropIndex(ctx, db, ix[0], ix[1]); err != nil {
-				return err
-			}
-		}
-		return nil
+		return dropIndexes(ctx, db, [][2]string{{"orders", "orders_status_expires_id"}, {"orders", "orders_created"},
+			{"refund_order", "refund_order_created"}})
 	}))
 }
 
@@ -37,6 +32,16 @@ CREATE INDEX orders_status_expires_id ON orders (status, expires_at, id);
 CREATE INDEX orders_created ON orders (created_at, id);
 CREATE INDEX refund_order_created ON refund_order (created_at, id);
 `
+
+// dropIndexes drops each (table, index) of ixs with dropIndex.
+func dropIndexes(ctx context.Context, db bun.IDB, ixs [][2]string) error {
+	for _, ix := range ixs {
+		if err := dropIndex(ctx, db, ix[0], ix[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // dropIndex drops an index; MySQL names its table, the others do not.
 func dropIndex(ctx context.Context, db bun.IDB, table, index string) error {

@@ -6,7 +6,7 @@ package queue_test
 //	go test ./queue/ -run '^$' -bench . -benchtime=1x -timeout 30m
 //
 // KAMI_BENCH_N (default 100000) sets the backlog drained and the pending
-// orders rebuilt; KAMI_BENCH_ARTICLE_N (default 1000) the article loop's
+// orders rebuilt (BenchmarkCloseDrainChecked has its own, see there); KAMI_BENCH_ARTICLE_N (default 1000) the article loop's
 // orders; KAMI_BENCH_LATENCY_SECONDS (default 5) how long 2,000 orders a
 // second fall due.
 
@@ -24,6 +24,8 @@ import (
 	"kami/domain"
 	"kami/domain/dbtest"
 	"kami/domain/domaintest"
+	"kami/providers"
+	"kami/providers/sandbox"
 	"kami/queue"
 	"kami/queue/redistest"
 )
@@ -58,8 +60,9 @@ func newBenchEnv(b *testing.B) *benchEnv {
 }
 
 // seed writes n pending orders expiring at due(i) and, if schedule, puts
-// them on the close queue.
-func (be *benchEnv) seed(b *testing.B, n int, due func(i int) time.Time, schedule bool) []string {
+// them on the close queue; if analyze, the tables' statistics are brought
+// up to date (as autovacuum leaves them in the long run).
+func (be *benchEnv) seed(b *testing.B, n int, due func(i int) time.Time, schedule, analyze bool) []string {
 	b.Helper()
 	pid, nos, err := seedPending(be.ctx, be.pe.db, be.pe.sealer, n, 0, due)
 	if err != nil {
@@ -77,8 +80,10 @@ func (be *benchEnv) seed(b *testing.B, n int, due func(i int) time.Time, schedul
 			b.Fatal(err)
 		}
 	}
-	if _, err := be.pe.db.ExecContext(be.ctx, "ANALYZE"); err != nil {
-		b.Fatal(err)
+	if analyze {
+		if _, err := be.pe.db.ExecContext(be.ctx, "ANALYZE"); err != nil {
+			b.Fatal(err)
+		}
 	}
 	return nos
 }
@@ -118,29 +123,60 @@ func waitDrained(b *testing.B, be *benchEnv, q *queue.DelayQueue, within time.Du
 func BenchmarkCloseDrain(b *testing.B) {
 	n := envInt("KAMI_BENCH_N", 100_000)
 	for range b.N {
-		b.StopTimer()
-		be := newBenchEnv(b)
-		past := time.Now().Add(-time.Minute)
-		be.seed(b, n, func(i int) time.Time { return past.Add(time.Duration(i) * time.Microsecond) }, true)
-		w := be.workers(b, queue.Config{}, true)
-		b.StartTimer()
-		start := time.Now()
-		if err := w.Start(be.ctx); err != nil {
-			b.Fatal(err)
-		}
-		waitDrained(b, be, queue.CloseQueue(be.pe.rs.Client, be.pe.keys), 10*time.Minute)
-		took := time.Since(start)
-		b.StopTimer()
-		w.Stop(be.ctx)
-		if p := pendingCount(b, be.pe.db); p != 0 {
-			b.Fatalf("%d orders still pending", p)
-		}
-		if st := w.Stats(); st.Closed != int64(n) {
-			b.Fatalf("closed %d, want %d", st.Closed, n)
-		}
-		b.ReportMetric(float64(n)/took.Seconds(), "closes/s")
-		b.ReportMetric(took.Seconds(), "s/drain")
+		benchDrain(b, n, queue.Config{}, nil, true)
 	}
+}
+
+// BenchmarkCloseDrainChecked is BenchmarkCloseDrain as a restart finds
+// its backlog in go run ./bench -drain: the pre-close check on (the
+// sandbox asked about each order), and the tables not analyzed since the
+// orders were written, as a burst of orders leaves them until autovacuum
+// comes round. KAMI_BENCH_DRAIN_N (default 20000) sets the backlog;
+// KAMI_BENCH_DRAINERS and KAMI_BENCH_BATCH the workers' CloseDrainers and
+// CloseBatch (default theirs).
+func BenchmarkCloseDrainChecked(b *testing.B) {
+	n := envInt("KAMI_BENCH_DRAIN_N", 20_000)
+	cfg := queue.Config{CloseDrainers: envInt("KAMI_BENCH_DRAINERS", 0), CloseBatch: envInt("KAMI_BENCH_BATCH", 0)}
+	for range b.N {
+		benchDrain(b, n, cfg, func(be *benchEnv) {
+			sb, err := sandbox.New(sandbox.Config{Secret: "bench-secret", BaseURL: "http://127.0.0.1"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			be.shop.Providers, be.shop.PreCloseCheck = providers.NewRegistry(sb), true
+		}, false)
+	}
+}
+
+// benchDrain seeds n due orders on the close queue, starts the workers
+// and reports how fast they close them all. setup, if set, adjusts the
+// shop first.
+func benchDrain(b *testing.B, n int, cfg queue.Config, setup func(*benchEnv), analyze bool) {
+	b.StopTimer()
+	be := newBenchEnv(b)
+	if setup != nil {
+		setup(be)
+	}
+	past := time.Now().Add(-time.Minute)
+	be.seed(b, n, func(i int) time.Time { return past.Add(time.Duration(i) * time.Microsecond) }, true, analyze)
+	w := be.workers(b, cfg, true)
+	b.StartTimer()
+	start := time.Now()
+	if err := w.Start(be.ctx); err != nil {
+		b.Fatal(err)
+	}
+	waitDrained(b, be, queue.CloseQueue(be.pe.rs.Client, be.pe.keys), 10*time.Minute)
+	took := time.Since(start)
+	b.StopTimer()
+	w.Stop(be.ctx)
+	if p := pendingCount(b, be.pe.db); p != 0 {
+		b.Fatalf("%d orders still pending", p)
+	}
+	if st := w.Stats(); st.Closed != int64(n) {
+		b.Fatalf("closed %d, want %d", st.Closed, n)
+	}
+	b.ReportMetric(float64(n)/took.Seconds(), "closes/s")
+	b.ReportMetric(took.Seconds(), "s/drain")
 }
 
 // BenchmarkArticleLoop is the article's loop as the baseline: every second
@@ -160,7 +196,7 @@ func BenchmarkArticleLoop(b *testing.B) {
 				b.StopTimer()
 				be := newBenchEnv(b)
 				past := time.Now().Add(-time.Minute)
-				be.seed(b, n, func(i int) time.Time { return past.Add(time.Duration(i) * time.Microsecond) }, true)
+				be.seed(b, n, func(i int) time.Time { return past.Add(time.Duration(i) * time.Microsecond) }, true, true)
 				key := be.pe.keys.CloseQueue()
 				rdb := be.pe.rs.Client
 				b.StartTimer()
@@ -221,7 +257,7 @@ func BenchmarkDueToClosedLatency(b *testing.B) {
 		// now, so the seeding time does not turn into a backlog.
 		base := time.Now().Add(time.Hour)
 		due := func(i int) time.Time { return base.Add(time.Duration(i) * time.Second / rate) }
-		nos := be.seed(b, n, due, false)
+		nos := be.seed(b, n, due, false, true)
 		first := time.Now().Add(2 * time.Second)
 		shift := base.Sub(first)
 		if _, err := be.pe.db.ExecContext(be.ctx, "UPDATE orders SET expires_at = expires_at - make_interval(secs => ?)", shift.Seconds()); err != nil {
@@ -274,7 +310,7 @@ func BenchmarkRebuildAfterFlush(b *testing.B) {
 		b.StopTimer()
 		be := newBenchEnv(b)
 		later := time.Now().Add(15 * time.Minute)
-		be.seed(b, n, func(i int) time.Time { return later.Add(time.Duration(i) * time.Microsecond) }, false)
+		be.seed(b, n, func(i int) time.Time { return later.Add(time.Duration(i) * time.Microsecond) }, false, true)
 		be.pe.rs.Wipe(b, be.pe.keys.Prefix())
 		w := be.workers(b, queue.Config{}, false)
 		b.StartTimer()

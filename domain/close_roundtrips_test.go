@@ -1,0 +1,89 @@
+package domain_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+	"kami/domain/domaintest"
+	"kami/providers"
+	"kami/providers/sandbox"
+)
+
+// TestCloseRoundTrips: closing a batch of due orders, pre-close check on,
+// waits for the database a fixed, small number of times, whatever the
+// batch's size, as placing and paying do (TestPlaceAndPayRoundTrips). On
+// PostgreSQL: the check's read of the orders with the database's clock;
+// BEGIN, the orders closed and read back, their cards and batches, the
+// cards, journal and events written, COMMIT; the low-stock re-arm's read.
+// A restart's backlog is closed 500 orders to a batch, four batches at a
+// time, and every round trip of one is a wait the next batch makes too.
+// Run with the database's own clock, which both reads judge due by.
+func TestCloseRoundTrips(t *testing.T) {
+	t.Parallel()
+	want := map[dbtest.Kind]int64{
+		dbtest.Postgres: 7,
+		dbtest.MySQL:    12, // no UPDATE … RETURNING, no data-modifying WITH: a statement each
+	}
+	for _, k := range []dbtest.Kind{dbtest.Postgres, dbtest.MySQL} {
+		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
+			l, db, rt := countedLedger(t, k, domain.Config{OrderTTL: time.Millisecond})
+			ctx := context.Background()
+			name, price := "Game key", int64(500)
+			p, err := l.CreateProduct(ctx, domain.ProductInput{Name: &name, PriceFen: &price}, "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			codes := []string{"RT-1", "RT-2", "RT-3", "RT-4"}
+			if _, err := l.ImportCards(ctx, p.ID, codes, "test"); err != nil {
+				t.Fatal(err)
+			}
+			var nos []string
+			var last time.Time
+			for range 3 {
+				placed, err := l.PlaceOrder(ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: "rt@example.com", Provider: "sandbox"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				nos, last = append(nos, placed.Order.OrderNo), placed.Order.ExpiresAt
+			}
+			domaintest.Eventually(t, time.Second, "the orders are due by the database's clock", func() bool {
+				now, err := l.DBNow(ctx)
+				return err == nil && now.After(last)
+			})
+			sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://127.0.0.1/"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			shop := &domain.Shop{Ledger: l, Providers: providers.NewRegistry(sb), PreCloseCheck: true,
+				Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+
+			before := rt.n.Load()
+			rs, err := shop.CloseOrders(ctx, nos, domain.CloseTimeout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := rt.n.Load() - before; got > want[k] {
+				t.Errorf("closing %d due orders took %d round trips, want at most %d", len(nos), got, want[k])
+			}
+			for _, r := range rs {
+				if r.Outcome != domain.Closed || r.Released != 1 {
+					t.Errorf("%s: %s, %d released", r.OrderNo, r.Outcome, r.Released)
+				}
+			}
+			var events int
+			if err := db.NewSelect().Table("events").ColumnExpr("COUNT(*)").Where("type = ?", domain.EventOrderClosed).Scan(ctx, &events); err != nil || events != len(nos) {
+				t.Fatalf("%d order.closed events, %v", events, err)
+			}
+			vs, err := l.Audit(ctx)
+			if err != nil || len(vs) > 0 {
+				t.Fatalf("audit: %v %v", vs, err)
+			}
+		})
+	}
+}
