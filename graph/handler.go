@@ -263,6 +263,7 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusMethodNotAllowed, codeBadRequest, "use GET or POST")
 		return
 	}
+	rolling, _ := r.Body.(RollingBody) // before it is wrapped
 	if r.Body != nil {
 		limit := h.cfg.MaxBodyBytes
 		if isUpload(r) {
@@ -280,8 +281,7 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer release() // the WebSocket transport returns when the connection ends
 	}
-	ctx := withViewer(r.Context(), viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken))
-	ctx = withClientAddr(ctx, addr)
+	ctx := withCaller(r.Context(), caller{viewer: viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken), addr: addr, body: rolling})
 	h.srv.ServeHTTP(w, r.WithContext(ctx))
 }
 
