@@ -229,7 +229,7 @@ func NewHandler(cfg Config) http.Handler {
 	// stale cache. The card codes a response reveals are recorded before
 	// it leaves (reveals.go).
 	srv.AroundResponses(func(ctx context.Context, next graphql.ResponseHandler) *graphql.Response {
-		ctx = withRevealNotes(withLoaders(ctx, cfg.Ledger))
+		ctx = withResponse(ctx, cfg.Ledger)
 		resp := recordReveals(ctx, cfg.Ledger, cfg.Logger, next(ctx))
 		if cfg.OnOperation != nil && graphql.HasOperationContext(ctx) {
 			observeOperation(ctx, resp, known, cfg.OnOperation)
