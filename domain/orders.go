@@ -378,12 +378,12 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	}
 
 	var (
-		orders  []Order
-		flows   []StockFlow
+		orders  = make([]Order, 0, len(cards))
+		flows   = make([]StockFlow, 0, len(cards))
 		cardIDs []int64
-		orderOf []any // CASE arms: card ids, then their order number
-		tokens  []string
-		numbers = map[string]bool{}
+		orderOf = make([]any, 0, 2*len(cards)) // CASE arms: card ids, then their order number
+		tokens  = make([]string, 0, len(cards))
+		numbers = make(map[string]bool, len(cards))
 		hasKey  bool
 	)
 	for i, in := range open {
