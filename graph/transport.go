@@ -135,9 +135,20 @@ func writeBody(w http.ResponseWriter, mediaType string, status int, b []byte) {
 	if mediaType == mediaJSON && status == http.StatusBadRequest {
 		status = http.StatusOK
 	}
-	w.Header().Set("Content-Type", mediaType+"; charset=utf-8")
+	w.Header().Set("Content-Type", withCharset(mediaType))
 	w.WriteHeader(status)
 	w.Write(b)
+}
+
+// withCharset is the Content-Type of a JSON answer of media type mt.
+func withCharset(mt string) string {
+	switch mt {
+	case mediaJSON:
+		return mediaJSON + "; charset=utf-8"
+	case mediaGraphQLResponse:
+		return mediaGraphQLResponse + "; charset=utf-8"
+	}
+	return mt + "; charset=utf-8"
 }
 
 // writeError answers a request that never reached GraphQL. Its status
@@ -148,7 +159,7 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg st
 		mt = mediaJSON
 	}
 	b, _ := json.Marshal(notExecuted{Errors: gqlerror.List{{Message: msg, Extensions: map[string]any{"code": code}}}})
-	w.Header().Set("Content-Type", mt+"; charset=utf-8")
+	w.Header().Set("Content-Type", withCharset(mt))
 	w.WriteHeader(status)
 	w.Write(b)
 }
