@@ -28,8 +28,9 @@ import (
 // buyers at once so that orders and payments are batched as under load.
 // The buyers are a few lines of raw HTTP/1.1 on kept-alive connections,
 // so the process's CPU is nearly all kami's: cpu-µs/order is that CPU
-// (user and system) per order placed, payments included, and B/op and
-// allocs/op are kami's allocations per order. Compare two builds by
+// (user and system) per order placed, payments included, B/op and
+// allocs/op are kami's allocations per order, and orders/batch and
+// payments/batch the ledger's mean batch sizes. Compare two builds by
 // running their test binaries in turns (the machine is shared):
 //
 //	KAMI_TEST_REQUIRE_SERVICES=1 go test -run '^$' -bench StorefrontCPU -benchtime 5000x -count 5 .
@@ -104,6 +105,7 @@ func benchStorefront(b *testing.B, pay bool) {
 	)
 	b.ReportAllocs()
 	b.ResetTimer()
+	places0, pays0 := a.ledger.PlaceStats(), a.ledger.PayStats()
 	cpu0 := processCPU()
 	for _, c := range conns {
 		wg.Add(1)
@@ -150,6 +152,15 @@ func benchStorefront(b *testing.B, pay bool) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/order")
+	// The mean batch sizes, which the CPU per order depends on: a batch's
+	// statements are paid once for all of its orders.
+	places, pays := a.ledger.PlaceStats(), a.ledger.PayStats()
+	if n := places.Batches - places0.Batches; n > 0 {
+		b.ReportMetric(float64(places.Calls-places0.Calls)/float64(n), "orders/batch")
+	}
+	if n := pays.Batches - pays0.Batches; n > 0 {
+		b.ReportMetric(float64(pays.Calls-pays0.Calls)/float64(n), "payments/batch")
+	}
 }
 
 // processCPU is the user and system CPU this process has used.
