@@ -528,8 +528,13 @@ func (w *deadlineWriter) extend() { w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
 
 func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// WriteHeader moves the deadline only for an informational (1xx) header,
+// which the server writes at once; any other status is written with the
+// body, at a Write, a Flush or the handler's end, which move it.
 func (w *deadlineWriter) WriteHeader(status int) {
-	w.extend()
+	if status < http.StatusOK {
+		w.extend()
+	}
 	w.ResponseWriter.WriteHeader(status)
 }
 
