@@ -14,6 +14,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/money"
+	"kami/providers"
 )
 
 // Order is an order as one caller sees it: Buyer is set when the caller
@@ -22,6 +23,17 @@ import (
 type Order struct {
 	domain.Order
 	Buyer bool
+}
+
+// Payment is how to pay an order, as the API shows it: a URL or QR code
+// the provider did not give is null, not "". Its fields are plain, so
+// gqlgen writes them as it goes; a resolver field would cost every
+// createOrder a goroutine of its own (gqlgen runs resolvers concurrently).
+type Payment struct {
+	Kind      providers.PaymentActionKind
+	URL       *string
+	QRCode    *string
+	ExpiresAt time.Time
 }
 
 // MarshalMoney writes fen as a decimal string.
