@@ -528,8 +528,13 @@ func (w *deadlineWriter) extend() { w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
 
 func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// WriteHeader moves the deadline only for an informational (1xx) header,
+// which the server writes at once; any other status is written with the
+// body, at a Write, a Flush or the handler's end, which move it.
 func (w *deadlineWriter) WriteHeader(status int) {
-	w.extend()
+	if status < http.StatusOK {
+		w.extend()
+	}
 	w.ResponseWriter.WriteHeader(status)
 }
 
@@ -548,7 +553,7 @@ func (w *deadlineWriter) Flush() {
 // The deadline is lifted once the body has been read, so the handler's own
 // work is not cut short. A file upload is read while it is imported, for
 // as long as the import takes: once the upload transport has checked the
-// admin token (graph.WithBodyRolling), its deadline moves on with every
+// admin token (graph.RollingBody), its deadline moves on with every
 // read that brings data, so only a stalled upload is cut. The deadline of
 // any other body, multipart or not, never moves: a stranger sending a byte
 // every few seconds is cut off after d wherever they send it. A WebSocket
@@ -560,9 +565,7 @@ func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
 		if r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-				b := &deadlineBody{ReadCloser: r.Body, rc: rc, d: d}
-				r.Body = b
-				r = r.WithContext(graph.WithBodyRolling(r.Context(), b.roll))
+				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, d: d}
 			}
 		}
 		next.ServeHTTP(w, r)
@@ -578,8 +581,10 @@ type deadlineBody struct {
 	rolling atomic.Bool
 }
 
-// roll lets the deadline move on from now.
-func (b *deadlineBody) roll() {
+var _ graph.RollingBody = (*deadlineBody)(nil)
+
+// RollDeadline lets the deadline move on from now.
+func (b *deadlineBody) RollDeadline() {
 	if !b.rolling.Swap(true) {
 		b.rc.SetReadDeadline(time.Now().Add(b.d))
 	}

@@ -38,26 +38,24 @@ func Errorf(code, format string, args ...any) *Error {
 // ErrorCode returns the code of err, EINTERNAL for anything that is not an
 // *Error (and "" for nil).
 func ErrorCode(err error) string {
-	var e *Error
-	switch {
-	case err == nil:
-		return ""
-	case errors.As(err, &e):
-		return e.Code
-	default:
-		return EINTERNAL
+	if err == nil {
+		return "" // before e, which errors.As makes escape: no allocation for the usual nil
 	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return EINTERNAL
 }
 
 // ErrorMessage returns the message of err that may be shown to a caller.
 func ErrorMessage(err error) string {
-	var e *Error
-	switch {
-	case err == nil:
+	if err == nil {
 		return ""
-	case errors.As(err, &e):
-		return e.Message
-	default:
-		return "internal error"
 	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return "internal error"
 }

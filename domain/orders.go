@@ -32,9 +32,11 @@ type PlaceOrderInput struct {
 	IdempotencyKey string // optional; the same key from the same client address returns the same order
 	ClientAddr     string // the buyer's address, for the per-address caps (see AddressKey)
 
-	// keyScoped is set once normalize has bound IdempotencyKey to
-	// ClientAddr, so that normalizing again leaves it as it is.
-	keyScoped bool
+	// normalized is set once normalize has checked the input and put it
+	// in the form the ledger stores (the idempotency key bound to
+	// ClientAddr), so that normalizing again (the shop, then the ledger)
+	// leaves it as it is and costs nothing.
+	normalized bool
 }
 
 // Limits on order input.
@@ -48,6 +50,9 @@ const (
 // the idempotency key bound to that address. Normalizing twice is the same
 // as once.
 func (in *PlaceOrderInput) normalize() error {
+	if in.normalized {
+		return nil
+	}
 	for _, f := range []struct{ name, value string }{
 		{"contact", in.Contact}, {"provider", in.Provider}, {"idempotencyKey", in.IdempotencyKey},
 	} {
@@ -73,9 +78,10 @@ func (in *PlaceOrderInput) normalize() error {
 		return Errorf(EBADINPUT, "contact must be 1 to %d characters", MaxContactLen)
 	}
 	in.ClientAddr = AddressKey(in.ClientAddr)
-	if in.IdempotencyKey != "" && !in.keyScoped {
-		in.IdempotencyKey, in.keyScoped = scopedIdempotencyKey(in.ClientAddr, in.IdempotencyKey), true
+	if in.IdempotencyKey != "" {
+		in.IdempotencyKey = scopedIdempotencyKey(in.ClientAddr, in.IdempotencyKey)
 	}
+	in.normalized = true
 	return nil
 }
 
@@ -371,12 +377,12 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	}
 
 	var (
-		orders  []Order
-		flows   []StockFlow
+		orders  = make([]Order, 0, len(cards))
+		flows   = make([]StockFlow, 0, len(cards))
 		cardIDs []int64
-		orderOf []any // CASE arms: card ids, then their order number
-		tokens  []string
-		numbers = map[string]bool{}
+		orderOf = make([]any, 0, 2*len(cards)) // CASE arms: card ids, then their order number
+		tokens  = make([]string, 0, len(cards))
+		numbers = make(map[string]bool, len(cards))
 		hasKey  bool
 	)
 	for i, in := range open {

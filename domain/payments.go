@@ -200,13 +200,15 @@ var errNotUsual = errors.New("a payment of the batch is not the usual case")
 func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []int, orders map[string]*Order, results []*PaymentResult) error {
 	now := l.now()
 	var (
-		notes         []Notification
-		nos           []string
-		flows         []StockFlow
-		cards         int64
-		trade, fen, t []any // CASE arms: order number, then its value
-		paid          = make([]*Order, 0, len(at))
-		events        = make([]Event, 0, len(at))
+		notes  = make([]Notification, 0, len(at))
+		nos    = make([]string, 0, len(at))
+		flows  = make([]StockFlow, 0, len(at))
+		cards  int64
+		trade  = make([]any, 0, 2*len(at)) // CASE arms: order number, then its value
+		fen    = make([]any, 0, 2*len(at))
+		t      = make([]any, 0, 2*len(at))
+		paid   = make([]*Order, 0, len(at))
+		events = make([]Event, 0, len(at))
 	)
 	for _, i := range at {
 		p, o := ps[i], *orders[ps[i].OrderNo]

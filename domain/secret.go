@@ -10,7 +10,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"hash"
 	"strings"
+	"sync"
 )
 
 // CardKeySize is the size of KAMI_CARD_KEY: an AES-256 key.
@@ -21,8 +23,34 @@ const CardKeySize = 32
 // one (say the dedup hash) says nothing about another.
 type Sealer struct {
 	aead     cipher.AEAD
-	hashKey  []byte // keyed hash of codes, to find duplicates
-	tokenKey []byte // buyers' access tokens
+	codeHash *keyedMAC // keyed hash of codes, to find duplicates
+	tokens   *keyedMAC // buyers' access tokens
+}
+
+// keyedMAC is HMAC-SHA256 under one key. The states it made are reset and
+// used again: a new one costs several allocations, a reset one none, and
+// a token is made for every order.
+type keyedMAC struct {
+	key    []byte
+	states sync.Pool
+}
+
+func newKeyedMAC(key []byte) *keyedMAC { return &keyedMAC{key: key} }
+
+// sum returns the MAC of the parts, written one after the other.
+func (k *keyedMAC) sum(dst []byte, parts ...[]byte) []byte {
+	m, ok := k.states.Get().(hash.Hash)
+	if ok {
+		m.Reset()
+	} else {
+		m = hmac.New(sha256.New, k.key)
+	}
+	for _, p := range parts {
+		m.Write(p)
+	}
+	dst = m.Sum(dst)
+	k.states.Put(m)
+	return dst
 }
 
 // ParseCardKey reads KAMI_CARD_KEY: 32 bytes as hex (64 characters) or
@@ -62,8 +90,8 @@ func NewSealer(key []byte) (*Sealer, error) {
 	}
 	return &Sealer{
 		aead:     aead,
-		hashKey:  subkey(key, "kami card code dedup v1"),
-		tokenKey: subkey(key, "kami order access token v1"),
+		codeHash: newKeyedMAC(subkey(key, "kami card code dedup v1")),
+		tokens:   newKeyedMAC(subkey(key, "kami order access token v1")),
 	}, nil
 }
 
@@ -114,19 +142,16 @@ func (s *Sealer) open(ad, sealed []byte) (string, error) {
 // CodeHash is the keyed hash that detects a code imported twice for one
 // product without storing the code in the clear.
 func (s *Sealer) CodeHash(productID int64, code string) string {
-	m := hmac.New(sha256.New, s.hashKey)
-	m.Write(productAD(productID))
-	m.Write([]byte(code))
-	return hex.EncodeToString(m.Sum(nil))
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(s.codeHash.sum(sum[:0], productAD(productID), []byte(code)))
 }
 
 // AccessToken is the buyer's token for orderNo. It is derived, not random,
 // so that a createOrder retried with the same idempotency key hands back
 // the same token although only its hash is stored.
 func (s *Sealer) AccessToken(orderNo string) string {
-	m := hmac.New(sha256.New, s.tokenKey)
-	m.Write([]byte(orderNo))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+	var sum [sha256.Size]byte
+	return base64.RawURLEncoding.EncodeToString(s.tokens.sum(sum[:0], []byte(orderNo)))
 }
 
 // HashToken is what the database keeps of an access token.

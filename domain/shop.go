@@ -227,11 +227,13 @@ func (s *Shop) checkout(ctx context.Context, p providers.Provider, placed *Place
 		return nil, Errorf(ECONFLICT, "the order placed with this idempotencyKey (%s) is %s and can no longer be paid; see it with order(orderNo, accessToken), or place a new order with a new key",
 			o.OrderNo, o.Status)
 	}
-	subject := fmt.Sprintf("Order %s", o.OrderNo)
+	var subject string
 	if placed.Product != nil {
 		subject = placed.Product.Name
 	} else if prod, err := s.Ledger.Product(ctx, o.ProductID); err == nil { // a replayed order
 		subject = prod.Name
+	} else {
+		subject = "Order " + o.OrderNo
 	}
 	action, err := p.CreatePayment(ctx, providers.PaymentRequest{OrderNo: o.OrderNo, AmountFen: o.AmountFen,
 		Subject: subject, ExpiresAt: o.ExpiresAt, ClientIP: clientIP, Method: method})

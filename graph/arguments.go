@@ -23,9 +23,15 @@ func refuseUnstorableText(ctx context.Context, next graphql.Resolver) (any, erro
 	if fc == nil || len(fc.Field.Arguments) == 0 || !graphql.HasOperationContext(ctx) {
 		return next(ctx)
 	}
-	for name, v := range fc.Field.ArgumentMap(graphql.GetOperationContext(ctx).Variables) {
-		if !storableText(v) {
-			return nil, domain.Errorf(domain.EBADINPUT, "%s must be UTF-8 text without NUL characters", name)
+	vars := graphql.GetOperationContext(ctx).Variables
+	for _, arg := range fc.Field.Arguments {
+		// The arguments as written (a variable's value, or a literal and
+		// the variables within it), without building the field's argument
+		// map: the schema's defaults are kami's own text. A literal that
+		// cannot be read fails the field's own argument parsing.
+		v, err := arg.Value.Value(vars)
+		if err == nil && !storableText(v) {
+			return nil, domain.Errorf(domain.EBADINPUT, "%s must be UTF-8 text without NUL characters", arg.Name)
 		}
 	}
 	return next(ctx)

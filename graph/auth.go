@@ -20,27 +20,37 @@ type viewer struct {
 	presented bool
 }
 
-type viewerKey struct{}
+// caller is what kami knows of who sent a request, put on its context
+// once (httpHandler, or a WebSocket's init): the viewer, the client's
+// address, and the request's body when the server lets its read deadline
+// move on (see RollingBody).
+type caller struct {
+	viewer viewer
+	addr   string
+	body   RollingBody
+}
 
-type clientAddrKey struct{}
+type callerKey struct{}
 
+func withCaller(ctx context.Context, c caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+func callerOf(ctx context.Context) caller {
+	c, _ := ctx.Value(callerKey{}).(caller)
+	return c
+}
+
+// withViewer replaces the viewer of ctx's caller.
 func withViewer(ctx context.Context, v viewer) context.Context {
-	return context.WithValue(ctx, viewerKey{}, v)
+	c := callerOf(ctx)
+	c.viewer = v
+	return withCaller(ctx, c)
 }
 
-func viewerOf(ctx context.Context) viewer {
-	v, _ := ctx.Value(viewerKey{}).(viewer)
-	return v
-}
+func viewerOf(ctx context.Context) viewer { return callerOf(ctx).viewer }
 
-func withClientAddr(ctx context.Context, addr string) context.Context {
-	return context.WithValue(ctx, clientAddrKey{}, addr)
-}
-
-func clientAddrOf(ctx context.Context) string {
-	s, _ := ctx.Value(clientAddrKey{}).(string)
-	return s
-}
+func clientAddrOf(ctx context.Context) string { return callerOf(ctx).addr }
 
 // viewerFrom checks an Authorization header against the admin token in
 // constant time. Both sides are hashed first so that neither the token's

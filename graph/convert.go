@@ -10,6 +10,7 @@ import (
 
 	"kami/domain"
 	"kami/graph/model"
+	"kami/providers"
 )
 
 // Cursors are opaque to clients: base64url of "<list>:<position>", so a
@@ -200,4 +201,9 @@ func nonEmpty(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// paymentOf is a provider's payment action as the API shows it.
+func paymentOf(a providers.PaymentAction) *model.Payment {
+	return &model.Payment{Kind: a.Kind, URL: nonEmpty(a.URL), QRCode: nonEmpty(a.QRCode), ExpiresAt: a.ExpiresAt}
 }

@@ -229,7 +229,7 @@ func NewHandler(cfg Config) http.Handler {
 	// stale cache. The card codes a response reveals are recorded before
 	// it leaves (reveals.go).
 	srv.AroundResponses(func(ctx context.Context, next graphql.ResponseHandler) *graphql.Response {
-		ctx = withRevealNotes(withLoaders(ctx, cfg.Ledger))
+		ctx = withResponse(ctx, cfg.Ledger)
 		resp := recordReveals(ctx, cfg.Ledger, cfg.Logger, next(ctx))
 		if cfg.OnOperation != nil && graphql.HasOperationContext(ctx) {
 			observeOperation(ctx, resp, known, cfg.OnOperation)
@@ -263,6 +263,7 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusMethodNotAllowed, codeBadRequest, "use GET or POST")
 		return
 	}
+	rolling, _ := r.Body.(RollingBody) // before it is wrapped
 	if r.Body != nil {
 		limit := h.cfg.MaxBodyBytes
 		if isUpload(r) {
@@ -280,8 +281,7 @@ func (h *httpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer release() // the WebSocket transport returns when the connection ends
 	}
-	ctx := withViewer(r.Context(), viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken))
-	ctx = withClientAddr(ctx, addr)
+	ctx := withCaller(r.Context(), caller{viewer: viewerFrom(r.Header.Get("Authorization"), h.cfg.AdminToken), addr: addr, body: rolling})
 	h.srv.ServeHTTP(w, r.WithContext(ctx))
 }
 

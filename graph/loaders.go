@@ -14,8 +14,12 @@ import (
 // one query, and the rest are answered from what that fetch brought.
 // Nothing waits on a timer, so the number of queries for a page does not
 // depend on scheduling. Results are matched to keys, never to positions.
+//
+// The loaders of a response are fields of one struct (response), made
+// when the response starts: a loader costs nothing until it is used.
 type loader[K comparable, V any] struct {
-	fetch func(ctx context.Context, keys []K) (map[K]V, error)
+	ls    *loaders
+	fetch func(ctx context.Context, ls *loaders, keys []K) (map[K]V, error)
 
 	mu     sync.Mutex
 	primed []K
@@ -28,8 +32,8 @@ type result[V any] struct {
 	err error
 }
 
-func newLoader[K comparable, V any](fetch func(context.Context, []K) (map[K]V, error)) *loader[K, V] {
-	return &loader[K, V]{fetch: fetch, done: map[K]result[V]{}}
+func (l *loader[K, V]) init(ls *loaders, fetch func(context.Context, *loaders, []K) (map[K]V, error)) {
+	l.ls, l.fetch = ls, fetch
 }
 
 // prime notes keys that the next fetch should bring as well.
@@ -59,7 +63,10 @@ func (l *loader[K, V]) load(ctx context.Context, key K) (V, bool, error) {
 		}
 	}
 	l.primed = nil
-	got, err := l.fetch(ctx, batch)
+	got, err := l.fetch(ctx, l.ls, batch)
+	if l.done == nil {
+		l.done = map[K]result[V]{}
+	}
 	for _, k := range batch {
 		v, ok := got[k]
 		l.done[k] = result[V]{v: v, ok: ok, err: err}
@@ -70,35 +77,30 @@ func (l *loader[K, V]) load(ctx context.Context, key K) (V, bool, error) {
 
 // loaders are one response's loaders.
 type loaders struct {
-	products *loader[int64, *domain.Product]
-	stock    *loader[int64, domain.StockCount]
-	orders   *loader[string, *domain.Order]
-	codes    *loader[string, []string]
-	batches  *loader[int64, *domain.Batch]
+	ledger   *domain.Ledger
+	products loader[int64, *domain.Product]
+	stock    loader[int64, domain.StockCount]
+	orders   loader[string, *domain.Order]
+	codes    loader[string, []string]
+	batches  loader[int64, *domain.Batch]
 	// batchStocks counts batches' cards by status.
-	batchStocks *loader[int64, domain.BatchStock]
+	batchStocks loader[int64, domain.BatchStock]
 }
 
-type loadersKey struct{}
-
-func withLoaders(ctx context.Context, l *domain.Ledger) context.Context {
-	ls := &loaders{
-		stock: newLoader(func(ctx context.Context, ids []int64) (map[int64]domain.StockCount, error) {
-			return l.StockCounts(ctx, ids...)
-		}),
-		codes:       newLoader(l.SoldCodes),
-		batches:     newLoader(l.BatchesByID),
-		batchStocks: newLoader(l.BatchStocks),
-	}
-	ls.products = newLoader(func(ctx context.Context, ids []int64) (map[int64]*domain.Product, error) {
-		ps, err := l.ProductsByID(ctx, ids)
+func (ls *loaders) init(l *domain.Ledger) {
+	ls.ledger = l
+	ls.products.init(ls, func(ctx context.Context, ls *loaders, ids []int64) (map[int64]*domain.Product, error) {
+		ps, err := ls.ledger.ProductsByID(ctx, ids)
 		for id := range ps {
 			ls.stock.prime(id)
 		}
 		return ps, err
 	})
-	ls.orders = newLoader(func(ctx context.Context, nos []string) (map[string]*domain.Order, error) {
-		os, err := l.OrdersByNo(ctx, nos)
+	ls.stock.init(ls, func(ctx context.Context, ls *loaders, ids []int64) (map[int64]domain.StockCount, error) {
+		return ls.ledger.StockCounts(ctx, ids...)
+	})
+	ls.orders.init(ls, func(ctx context.Context, ls *loaders, nos []string) (map[string]*domain.Order, error) {
+		os, err := ls.ledger.OrdersByNo(ctx, nos)
 		for _, o := range os {
 			ls.products.prime(o.ProductID)
 			if viewerOf(ctx).admin && !o.DeliveredAt.IsZero() {
@@ -107,11 +109,40 @@ func withLoaders(ctx context.Context, l *domain.Ledger) context.Context {
 		}
 		return os, err
 	})
-	return context.WithValue(ctx, loadersKey{}, ls)
+	ls.codes.init(ls, func(ctx context.Context, ls *loaders, nos []string) (map[string][]string, error) {
+		return ls.ledger.SoldCodes(ctx, nos)
+	})
+	ls.batches.init(ls, func(ctx context.Context, ls *loaders, ids []int64) (map[int64]*domain.Batch, error) {
+		return ls.ledger.BatchesByID(ctx, ids)
+	})
+	ls.batchStocks.init(ls, func(ctx context.Context, ls *loaders, ids []int64) (map[int64]domain.BatchStock, error) {
+		return ls.ledger.BatchStocks(ctx, ids)
+	})
+}
+
+// response is what one response (one query or mutation, one subscription
+// event) keeps while it is made: its loaders and the card codes it
+// reveals (reveals.go). One allocation, made when the response starts.
+type response struct {
+	loaders loaders
+	reveals revealNotes
+}
+
+type responseKey struct{}
+
+func withResponse(ctx context.Context, l *domain.Ledger) context.Context {
+	r := &response{}
+	r.loaders.init(l)
+	return context.WithValue(ctx, responseKey{}, r)
+}
+
+func responseOf(ctx context.Context) *response {
+	r, _ := ctx.Value(responseKey{}).(*response)
+	return r
 }
 
 func loadersOf(ctx context.Context) *loaders {
-	return ctx.Value(loadersKey{}).(*loaders)
+	return &responseOf(ctx).loaders
 }
 
 // primeOrders tells the loaders what a list of orders will ask for: their

@@ -20,23 +20,18 @@ import (
 // sent. If they cannot be written, the response is replaced by an error:
 // no code leaves unrecorded.
 
-type revealsKey struct{}
-
-// revealNotes are one response's reveals.
+// revealNotes are one response's reveals (kept in its response).
 type revealNotes struct {
 	mu      sync.Mutex
 	reveals []domain.Reveal
 }
 
-func withRevealNotes(ctx context.Context) context.Context {
-	return context.WithValue(ctx, revealsKey{}, &revealNotes{})
-}
-
 func noteReveal(ctx context.Context, r domain.Reveal) {
-	n, _ := ctx.Value(revealsKey{}).(*revealNotes)
-	if n == nil {
+	resp := responseOf(ctx)
+	if resp == nil {
 		return
 	}
+	n := &resp.reveals
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.reveals = append(n.reveals, r)
@@ -77,10 +72,11 @@ func noteCardReveal(ctx context.Context, c *domain.Card) {
 // recordReveals writes the response's reveals; when it cannot, the codes
 // are withheld and the caller told to try again.
 func recordReveals(ctx context.Context, l *domain.Ledger, log *slog.Logger, resp *graphql.Response) *graphql.Response {
-	n, _ := ctx.Value(revealsKey{}).(*revealNotes)
-	if n == nil || resp == nil {
+	state := responseOf(ctx)
+	if state == nil || resp == nil {
 		return resp
 	}
+	n := &state.reveals
 	n.mu.Lock()
 	reveals := n.reveals
 	n.mu.Unlock()

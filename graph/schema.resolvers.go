@@ -10,7 +10,6 @@ import (
 	"kami/domain"
 	"kami/graph/generated"
 	"kami/graph/model"
-	"kami/providers"
 )
 
 // Product is the resolver for the product field.
@@ -71,7 +70,7 @@ func (r *mutationResolver) CreateOrder(ctx context.Context, input model.CreateOr
 	if err != nil {
 		return nil, err
 	}
-	return &model.CreateOrderPayload{Order: &model.Order{Order: *co.Order, Buyer: true}, AccessToken: co.AccessToken, Payment: &co.Payment}, nil
+	return &model.CreateOrderPayload{Order: &model.Order{Order: *co.Order, Buyer: true}, AccessToken: co.AccessToken, Payment: paymentOf(co.Payment)}, nil
 }
 
 // CancelOrder is the resolver for the cancelOrder field.
@@ -126,14 +125,6 @@ func (r *orderResolver) Cards(ctx context.Context, obj *model.Order) ([]string, 
 	}
 	noteOrderReveal(ctx, obj, len(codes))
 	return codes, nil
-}
-
-func (r *paymentResolver) URL(ctx context.Context, obj *providers.PaymentAction) (*string, error) {
-	return nonEmpty(obj.URL), nil
-}
-
-func (r *paymentResolver) QRCode(ctx context.Context, obj *providers.PaymentAction) (*string, error) {
-	return nonEmpty(obj.QRCode), nil
 }
 
 // Stock is the resolver for the stock field.
@@ -263,8 +254,6 @@ func (r *Resolver) Mutation() generated.MutationResolver { return &mutationResol
 
 func (r *Resolver) Order() generated.OrderResolver { return &orderResolver{r} }
 
-func (r *Resolver) Payment() generated.PaymentResolver { return &paymentResolver{r} }
-
 func (r *Resolver) Product() generated.ProductResolver { return &productResolver{r} }
 
 func (r *Resolver) Query() generated.QueryResolver { return &queryResolver{r} }
@@ -278,7 +267,6 @@ type (
 	importCardsPayloadResolver struct{ *Resolver }
 	mutationResolver           struct{ *Resolver }
 	orderResolver              struct{ *Resolver }
-	paymentResolver            struct{ *Resolver }
 	productResolver            struct{ *Resolver }
 	queryResolver              struct{ *Resolver }
 	refundResolver             struct{ *Resolver }

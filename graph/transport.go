@@ -41,22 +41,37 @@ func responseType(r *http.Request) string {
 		return mediaJSON
 	}
 	wildcard := false
-	for _, part := range strings.Split(strings.Join(accept, ","), ",") {
-		mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
-		if err != nil {
-			continue
-		}
-		switch mt {
-		case mediaGraphQLResponse, mediaJSON:
-			return mt
-		case "*/*", "application/*":
-			wildcard = true
+	for _, value := range accept {
+		for part := range strings.SplitSeq(value, ",") {
+			mt, err := mediaType(strings.TrimSpace(part))
+			if err != nil {
+				continue
+			}
+			switch mt {
+			case mediaGraphQLResponse, mediaJSON:
+				return mt
+			case "*/*", "application/*":
+				wildcard = true
+			}
 		}
 	}
 	if wildcard {
 		return mediaJSON
 	}
 	return ""
+}
+
+// mediaType is the media type of a Content-Type value or an Accept entry,
+// as mime.ParseMediaType reads it (parameters aside). The types a
+// storefront sends on every request, written as they usually are, are
+// known without parsing.
+func mediaType(v string) (string, error) {
+	switch v {
+	case mediaJSON, mediaGraphQLResponse, "*/*":
+		return v, nil
+	}
+	mt, _, err := mime.ParseMediaType(v)
+	return mt, err
 }
 
 // codeResponseTooLarge replaces a response over Config.MaxResponseBytes.
@@ -120,9 +135,20 @@ func writeBody(w http.ResponseWriter, mediaType string, status int, b []byte) {
 	if mediaType == mediaJSON && status == http.StatusBadRequest {
 		status = http.StatusOK
 	}
-	w.Header().Set("Content-Type", mediaType+"; charset=utf-8")
+	w.Header().Set("Content-Type", withCharset(mediaType))
 	w.WriteHeader(status)
 	w.Write(b)
+}
+
+// withCharset is the Content-Type of a JSON answer of media type mt.
+func withCharset(mt string) string {
+	switch mt {
+	case mediaJSON:
+		return mediaJSON + "; charset=utf-8"
+	case mediaGraphQLResponse:
+		return mediaGraphQLResponse + "; charset=utf-8"
+	}
+	return mt + "; charset=utf-8"
 }
 
 // writeError answers a request that never reached GraphQL. Its status
@@ -133,7 +159,7 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg st
 		mt = mediaJSON
 	}
 	b, _ := json.Marshal(notExecuted{Errors: gqlerror.List{{Message: msg, Extensions: map[string]any{"code": code}}}})
-	w.Header().Set("Content-Type", mt+"; charset=utf-8")
+	w.Header().Set("Content-Type", withCharset(mt))
 	w.WriteHeader(status)
 	w.Write(b)
 }
@@ -170,7 +196,7 @@ func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.G
 	if !ok {
 		return
 	}
-	if ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || ct != mediaJSON {
+	if ct, err := mediaType(r.Header.Get("Content-Type")); err != nil || ct != mediaJSON {
 		writeError(w, r, http.StatusUnsupportedMediaType, codeBadRequest, "send the request as application/json")
 		return
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"mime/multipart"
 	"net/http"
 	"os"
@@ -38,24 +37,22 @@ import (
 const mediaMultipart = "multipart/form-data"
 
 func isUpload(r *http.Request) bool {
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	mt, err := mediaType(r.Header.Get("Content-Type"))
 	return err == nil && mt == mediaMultipart && r.Method == http.MethodPost && r.Header.Get("Upgrade") == ""
 }
 
-type bodyRollingKey struct{}
-
-// WithBodyRolling gives a request the switch that lets its body's read
-// deadline move on while the body keeps arriving (the server's
-// bodyDeadline). Only the upload transport turns it on, and only for an
+// RollingBody is a request body whose read deadline can be made to move
+// on while the body keeps arriving (the server's bodyDeadline wraps every
+// body in one). Only the upload transport turns it on, and only for an
 // admin: a file import is read for as long as it is imported, and every
 // other body, whoever sends it, keeps its one deadline.
-func WithBodyRolling(ctx context.Context, roll func()) context.Context {
-	return context.WithValue(ctx, bodyRollingKey{}, roll)
+type RollingBody interface {
+	RollDeadline()
 }
 
 func keepReadingBody(ctx context.Context) {
-	if roll, ok := ctx.Value(bodyRollingKey{}).(func()); ok {
-		roll()
+	if b := callerOf(ctx).body; b != nil {
+		b.RollDeadline()
 	}
 }
 

@@ -51,12 +51,15 @@ type Batcher[In, Out any] struct {
 }
 
 type batchCall[In, Out any] struct {
-	ctx  context.Context
-	in   In
-	out  Out
-	err  error
-	done chan struct{}              // closed when out and err are set
-	lead chan []*batchCall[In, Out] // the batch this call is to lead
+	ctx context.Context
+	in  In
+	out Out
+	err error
+	// wake brings the call its batch to lead, or nil once out and err are
+	// set. A call is sent at most one batch, while it waits in the queue;
+	// that batch holds it, and is run by it, so it reads the batch before
+	// its answer is sent: one slot is all the channel needs.
+	wake chan []*batchCall[In, Out]
 	// taken is set (under Batcher.mu) when a batch takes the call out of
 	// the queue; from then on the call is answered by that batch only.
 	taken bool
@@ -83,7 +86,7 @@ const DefaultTimeout = 30 * time.Second
 // never done behind its back: the caller learns of it and can undo it.
 // A call that finds MaxQueued calls waiting gets ErrFull at once.
 func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
-	c := &batchCall[In, Out]{ctx: ctx, in: in, done: make(chan struct{}), lead: make(chan []*batchCall[In, Out], 1)}
+	c := &batchCall[In, Out]{ctx: ctx, in: in, wake: make(chan []*batchCall[In, Out], 1)}
 	var batch []*batchCall[In, Out]
 	b.mu.Lock()
 	if b.MaxQueued > 0 && len(b.queue) >= b.MaxQueued {
@@ -105,9 +108,10 @@ func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 			batch = nil
 		}
 		select {
-		case <-c.done:
-			return c.out, c.err
-		case batch = <-c.lead:
+		case batch = <-c.wake:
+			if batch == nil {
+				return c.out, c.err
+			}
 		case <-ended:
 			if b.withdraw(c) {
 				var zero Out
@@ -165,7 +169,7 @@ func (b *Batcher[In, Out]) passLead() {
 		return
 	}
 	next := b.take()
-	next[0].lead <- next // buffered, and each call is handed at most one batch
+	next[0].wake <- next // buffered, and each call is handed at most one batch
 }
 
 // runBatch answers every call of batch.
@@ -174,7 +178,7 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.err = err
-			close(c.done)
+			c.wake <- nil
 			continue
 		}
 		live = append(live, c)
@@ -199,7 +203,7 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 		if r := recover(); r != nil {
 			for _, c := range live[answered:] {
 				c.err = fmt.Errorf("internal error: %v", r)
-				close(c.done)
+				c.wake <- nil
 			}
 		}
 	}()
@@ -214,7 +218,7 @@ func (b *Batcher[In, Out]) runBatch(ctx context.Context, batch []*batchCall[In, 
 		if c.err == nil && (i >= len(out) || isNil(c.out)) {
 			c.err = ErrNoAnswer
 		}
-		close(c.done)
+		c.wake <- nil
 		answered++
 	}
 }

@@ -5,7 +5,6 @@ package money
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -20,16 +19,23 @@ var ErrFormat = errors.New("money: not an amount like 12.50")
 
 // Format writes fen as yuan with exactly two decimals: 1250 → "12.50".
 func Format(fen int64) string {
-	sign := ""
+	var b [24]byte
+	return string(Append(b[:0], fen))
+}
+
+// Append appends Format(fen) to dst.
+func Append(dst []byte, fen int64) []byte {
 	u := fen
 	if fen < 0 {
-		sign = "-"
 		if fen == math.MinInt64 {
-			return "-92233720368547758.08"
+			return append(dst, "-92233720368547758.08"...)
 		}
+		dst = append(dst, '-')
 		u = -fen
 	}
-	return fmt.Sprintf("%s%d.%02d", sign, u/100, u%100)
+	dst = strconv.AppendInt(dst, u/100, 10)
+	c := u % 100
+	return append(dst, '.', byte('0'+c/10), byte('0'+c%10))
 }
 
 // Parse reads a non-negative decimal amount with at most two decimals

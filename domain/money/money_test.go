@@ -1,6 +1,10 @@
 package money
 
-import "testing"
+import (
+	"fmt"
+	"math"
+	"testing"
+)
 
 func TestParseFormat(t *testing.T) {
 	t.Parallel()
@@ -19,6 +23,35 @@ func TestParseFormat(t *testing.T) {
 	for fen, want := range map[int64]string{0: "0.00", 1: "0.01", 1250: "12.50", -5: "-0.05", 100: "1.00"} {
 		if got := Format(fen); got != want {
 			t.Errorf("Format(%d) = %q, want %q", fen, got, want)
+		}
+	}
+}
+
+// TestFormatAsPrinted: Format (and Append) write what "%s%d.%02d" of the
+// sign, the yuan and the fen would, at the edges of int64 too.
+func TestFormatAsPrinted(t *testing.T) {
+	t.Parallel()
+	printed := func(fen int64) string {
+		if fen == math.MinInt64 {
+			return "-92233720368547758.08"
+		}
+		sign := ""
+		if fen < 0 {
+			sign, fen = "-", -fen
+		}
+		return fmt.Sprintf("%s%d.%02d", sign, fen/100, fen%100)
+	}
+	fens := []int64{math.MinInt64, math.MinInt64 + 1, math.MaxInt64, -MaxFen, MaxFen, MaxFen + 1}
+	for fen := int64(-1005); fen <= 1005; fen++ {
+		fens = append(fens, fen)
+	}
+	for _, fen := range fens {
+		want := printed(fen)
+		if got := Format(fen); got != want {
+			t.Errorf("Format(%d) = %q, want %q", fen, got, want)
+		}
+		if got := string(Append([]byte("x"), fen)); got != "x"+want {
+			t.Errorf("Append(x, %d) = %q, want %q", fen, got, "x"+want)
 		}
 	}
 }

@@ -40,7 +40,6 @@ type ResolverRoot interface {
 	Mutation() MutationResolver
 	Order() OrderResolver
 	OrderMail() OrderMailResolver
-	Payment() PaymentResolver
 	Product() ProductResolver
 	Query() QueryResolver
 	ReconcileRun() ReconcileRunResolver
@@ -552,10 +551,6 @@ type OrderMailResolver interface {
 	LastError(ctx context.Context, obj *domain.MailSend) (*string, error)
 	NextAttemptAt(ctx context.Context, obj *domain.MailSend) (*time.Time, error)
 	SentAt(ctx context.Context, obj *domain.MailSend) (*time.Time, error)
-}
-type PaymentResolver interface {
-	URL(ctx context.Context, obj *providers.PaymentAction) (*string, error)
-	QRCode(ctx context.Context, obj *providers.PaymentAction) (*string, error)
 }
 type ProductResolver interface {
 	Stock(ctx context.Context, obj *domain.Product) (int, error)
@@ -6312,8 +6307,8 @@ func (ec *executionContext) _CreateOrderPayload_payment(ctx context.Context, fie
 			return obj.Payment, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *providers.PaymentAction) graphql.Marshaler {
-			return ec.marshalNPayment2ᚖkamiᚋprovidersᚐPaymentAction(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Payment) graphql.Marshaler {
+			return ec.marshalNPayment2ᚖkamiᚋgraphᚋmodelᚐPayment(ctx, selections, v)
 		},
 		true,
 		true,
@@ -8481,7 +8476,7 @@ func (ec *executionContext) fieldContext_PageInfo_endCursor(_ context.Context, f
 	return graphql.NewScalarFieldContext("PageInfo", field, false, false, "String")
 }
 
-func (ec *executionContext) _Payment_kind(ctx context.Context, field graphql.CollectedField, obj *providers.PaymentAction) (ret graphql.Marshaler) {
+func (ec *executionContext) _Payment_kind(ctx context.Context, field graphql.CollectedField, obj *model.Payment) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
@@ -8504,7 +8499,7 @@ func (ec *executionContext) fieldContext_Payment_kind(_ context.Context, field g
 	return graphql.NewScalarFieldContext("Payment", field, false, false, "PaymentKind")
 }
 
-func (ec *executionContext) _Payment_url(ctx context.Context, field graphql.CollectedField, obj *providers.PaymentAction) (ret graphql.Marshaler) {
+func (ec *executionContext) _Payment_url(ctx context.Context, field graphql.CollectedField, obj *model.Payment) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
@@ -8513,7 +8508,7 @@ func (ec *executionContext) _Payment_url(ctx context.Context, field graphql.Coll
 			return ec.fieldContext_Payment_url(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return ec.Resolvers.Payment().URL(ctx, obj)
+			return obj.URL, nil
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
@@ -8524,10 +8519,10 @@ func (ec *executionContext) _Payment_url(ctx context.Context, field graphql.Coll
 	)
 }
 func (ec *executionContext) fieldContext_Payment_url(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Payment", field, true, true, "String")
+	return graphql.NewScalarFieldContext("Payment", field, false, false, "String")
 }
 
-func (ec *executionContext) _Payment_qrCode(ctx context.Context, field graphql.CollectedField, obj *providers.PaymentAction) (ret graphql.Marshaler) {
+func (ec *executionContext) _Payment_qrCode(ctx context.Context, field graphql.CollectedField, obj *model.Payment) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
@@ -8536,7 +8531,7 @@ func (ec *executionContext) _Payment_qrCode(ctx context.Context, field graphql.C
 			return ec.fieldContext_Payment_qrCode(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return ec.Resolvers.Payment().QRCode(ctx, obj)
+			return obj.QRCode, nil
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
@@ -8547,10 +8542,10 @@ func (ec *executionContext) _Payment_qrCode(ctx context.Context, field graphql.C
 	)
 }
 func (ec *executionContext) fieldContext_Payment_qrCode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Payment", field, true, true, "String")
+	return graphql.NewScalarFieldContext("Payment", field, false, false, "String")
 }
 
-func (ec *executionContext) _Payment_expiresAt(ctx context.Context, field graphql.CollectedField, obj *providers.PaymentAction) (ret graphql.Marshaler) {
+func (ec *executionContext) _Payment_expiresAt(ctx context.Context, field graphql.CollectedField, obj *model.Payment) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
@@ -15633,7 +15628,7 @@ func (ec *executionContext) _PageInfo(ctx context.Context, sel ast.SelectionSet,
 
 var paymentImplementors = []string{"Payment"}
 
-func (ec *executionContext) _Payment(ctx context.Context, sel ast.SelectionSet, obj *providers.PaymentAction) graphql.Marshaler {
+func (ec *executionContext) _Payment(ctx context.Context, sel ast.SelectionSet, obj *model.Payment) graphql.Marshaler {
 	fields := graphql.CollectFields(ec.OperationContext, sel, paymentImplementors)
 
 	out := graphql.NewFieldSet(fields)
@@ -15645,24 +15640,22 @@ func (ec *executionContext) _Payment(ctx context.Context, sel ast.SelectionSet, 
 		case "kind":
 			out.Values[i] = ec._Payment_kind(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
+				out.Invalids++
 			}
 		case "url":
-			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
-				true, false,
-				func(ctx context.Context) graphql.Marshaler {
-					return ec._Payment_url(ctx, field, obj)
-				})
+			out.Values[i] = ec._Payment_url(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		case "qrCode":
-			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
-				true, false,
-				func(ctx context.Context) graphql.Marshaler {
-					return ec._Payment_qrCode(ctx, field, obj)
-				})
+			out.Values[i] = ec._Payment_qrCode(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		case "expiresAt":
 			out.Values[i] = ec._Payment_expiresAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
+				out.Invalids++
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -18083,7 +18076,7 @@ func (ec *executionContext) marshalNPageInfo2ᚖkamiᚋgraphᚋmodelᚐPageInfo(
 	return ec._PageInfo(ctx, sel, v)
 }
 
-func (ec *executionContext) marshalNPayment2ᚖkamiᚋprovidersᚐPaymentAction(ctx context.Context, sel ast.SelectionSet, v *providers.PaymentAction) graphql.Marshaler {
+func (ec *executionContext) marshalNPayment2ᚖkamiᚋgraphᚋmodelᚐPayment(ctx context.Context, sel ast.SelectionSet, v *model.Payment) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Payment!")
 		return graphql.Null

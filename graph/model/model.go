@@ -14,6 +14,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/money"
+	"kami/providers"
 )
 
 // Order is an order as one caller sees it: Buyer is set when the caller
@@ -24,10 +25,23 @@ type Order struct {
 	Buyer bool
 }
 
+// Payment is how to pay an order, as the API shows it: a URL or QR code
+// the provider did not give is null, not "". Its fields are plain, so
+// gqlgen writes them as it goes; a resolver field would cost every
+// createOrder a goroutine of its own (gqlgen runs resolvers concurrently).
+type Payment struct {
+	Kind      providers.PaymentActionKind
+	URL       *string
+	QRCode    *string
+	ExpiresAt time.Time
+}
+
 // MarshalMoney writes fen as a decimal string.
 func MarshalMoney(fen int64) graphql.Marshaler {
 	return graphql.WriterFunc(func(w io.Writer) {
-		io.WriteString(w, strconv.Quote(money.Format(fen)))
+		// Digits, a point and a sign: nothing to escape.
+		var b [32]byte
+		w.Write(append(money.Append(append(b[:0], '"'), fen), '"'))
 	})
 }
 
@@ -48,7 +62,8 @@ func UnmarshalMoney(v any) (int64, error) {
 // MarshalInt64ID writes an id as a string, as GraphQL's ID is serialised.
 func MarshalInt64ID(id int64) graphql.Marshaler {
 	return graphql.WriterFunc(func(w io.Writer) {
-		io.WriteString(w, strconv.Quote(strconv.FormatInt(id, 10)))
+		var b [24]byte
+		w.Write(append(strconv.AppendInt(append(b[:0], '"'), id, 10), '"'))
 	})
 }
 
@@ -81,8 +96,19 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// MarshalTime writes an RFC 3339 time, as gqlgen does.
-func MarshalTime(t time.Time) graphql.Marshaler { return graphql.MarshalTime(t) }
+// MarshalTime writes an RFC 3339 time, as gqlgen does (a zero time is
+// null), appended into a buffer of its own instead of formatted and
+// quoted as two strings.
+func MarshalTime(t time.Time) graphql.Marshaler {
+	if t.IsZero() {
+		return graphql.Null
+	}
+	return graphql.WriterFunc(func(w io.Writer) {
+		// Digits and -:.TZ+: nothing to escape.
+		var b [48]byte
+		w.Write(append(t.AppendFormat(append(b[:0], '"'), time.RFC3339Nano), '"'))
+	})
+}
 
 // UnmarshalTime reads an RFC 3339 time; anything else is the caller's
 // mistake (BAD_INPUT), not an internal error.

@@ -4,7 +4,6 @@ package model
 
 import (
 	"kami/domain"
-	"kami/providers"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql"
@@ -56,8 +55,8 @@ type CreateOrderInput struct {
 type CreateOrderPayload struct {
 	Order *Order `json:"order"`
 	// Keep it: it is the only way to see this order and its codes.
-	AccessToken string                   `json:"accessToken"`
-	Payment     *providers.PaymentAction `json:"payment"`
+	AccessToken string   `json:"accessToken"`
+	Payment     *Payment `json:"payment"`
 }
 
 type CreateProductInput struct {
