@@ -195,6 +195,7 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	errs, payErrs := map[string]int{}, map[string]int{}
 	paySent := 0
 	var wg sync.WaitGroup
+	groups0 := ledgerGroups(ledger)
 	cpu0 := probe.take()
 	start := time.Now()
 	for w := 0; w < conc; w++ {
@@ -257,7 +258,8 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	placeEnd := time.Now()
 	cpu := cpuUse(cpu0, probe.take())
 	rep := &DirectReport{Runs: st.describe(), PlaceOnly: st == nil, OK: len(all), Errors: errs, WallSeconds: wall.Seconds(),
-		OrdersPerSec: rate(len(all), wall), Latency: summarize(all), ByTenth: byTenth(doneAt, wall)}
+		OrdersPerSec: rate(len(all), wall), Latency: summarize(all), ByTenth: byTenth(doneAt, wall),
+		Groups: groupsSince(groups0, ledgerGroups(ledger))}
 	if st == nil {
 		return rep, cpu, nil
 	}
@@ -270,6 +272,16 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	}
 	rep.Close = cr
 	return rep, cpu, nil
+}
+
+// ledgerGroups is the ledger's group-commit counters, as the server
+// exports them on /metrics.
+func ledgerGroups(l *domain.Ledger) map[string]GroupReport {
+	out := map[string]GroupReport{}
+	for kind, g := range map[string]domain.GroupStats{"place": l.PlaceStats(), "pay": l.PayStats()} {
+		out[kind] = GroupReport{Batches: g.Batches, Calls: g.Calls, Split: g.Split}
+	}
+	return out
 }
 
 // payDirect records a sandbox payment of o as the webhook would, with the

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,9 +117,7 @@ func truncate(s string, n int) string {
 // pay posts a signed sandbox payment notification for an order, as the
 // sandbox gateway would. nil means 200.
 func (c *client) pay(ctx context.Context, orderNo, amount string) error {
-	n := sandbox.Notification{OrderNo: orderNo, TradeNo: "BT" + orderNo, Amount: amount,
-		PaidAt: time.Now().UTC().Format(time.RFC3339)}
-	header, body := sandbox.Signed(c.secret, n)
+	header, body := sandbox.Signed(c.secret, payNotification(orderNo, amount))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/webhooks/sandbox", bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -223,9 +223,9 @@ type loadResult struct {
 	firstError  string
 }
 
-// runLoad places n orders from conc workers; each pays its order right
-// after when shouldPay says so.
-func runLoad(ctx context.Context, c *client, productID, runID string, n, conc int, share float64) loadResult {
+// runLoad places n orders from conc workers, each a storefront newWorker
+// makes; each pays its order right after when shouldPay says so.
+func runLoad(ctx context.Context, newWorker func() (storefront, error), n, conc int, share float64) loadResult {
 	var next atomic.Int64
 	type workerOut struct {
 		placed, paid       []time.Duration
@@ -243,17 +243,19 @@ func runLoad(ctx context.Context, c *client, productID, runID string, n, conc in
 			defer wg.Done()
 			out.placeErrs, out.payErrs = map[string]int{}, map[string]int{}
 			out.placed = make([]time.Duration, 0, n/conc+1)
-			vars := map[string]any{}
+			sf, err := newWorker()
+			if err != nil {
+				out.firstErr = err.Error()
+				return
+			}
+			defer sf.close()
 			for ctx.Err() == nil {
 				i := int(next.Add(1)) - 1
 				if i >= n {
 					return
 				}
-				vars["in"] = map[string]any{"productId": productID, "quantity": 1,
-					"contact": fmt.Sprintf("buyer-%s-%d@bench.test", runID, i), "provider": "sandbox"}
-				var data createOrderData
 				t0 := time.Now()
-				err := c.graphql(ctx, createOrderQuery, vars, false, &data)
+				orderNo, amount, err := sf.createOrder(ctx, i)
 				d := time.Since(t0)
 				if err != nil {
 					out.placeErrs[errCode(err)]++
@@ -267,10 +269,9 @@ func runLoad(ctx context.Context, c *client, productID, runID string, n, conc in
 				if !shouldPay(i, share) {
 					continue
 				}
-				o := data.CreateOrder.Order
 				out.paySent++
 				t0 = time.Now()
-				err = c.pay(ctx, o.OrderNo, o.Amount)
+				err = sf.pay(ctx, orderNo, amount)
 				d = time.Since(t0)
 				if err != nil {
 					out.payErrs[errCode(err)]++
@@ -312,4 +313,66 @@ func sum(m map[string]int) int {
 		t += v
 	}
 	return t
+}
+
+// groupCounters reads the ledger's group-commit counters from the server's
+// /metrics (kami_group_{batches,calls,split}_total by kind); nil when it
+// cannot, the report then leaves them out.
+func (c *client) groupCounters(ctx context.Context) map[string]GroupReport {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	out := map[string]GroupReport{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		var field *int64
+		name, rest, ok := strings.Cut(line, `{kind="`)
+		if !ok {
+			continue
+		}
+		kind, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		g := out[kind]
+		switch name {
+		case "kami_group_batches_total":
+			field = &g.Batches
+		case "kami_group_calls_total":
+			field = &g.Calls
+		case "kami_group_split_total":
+			field = &g.Split
+		default:
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		*field = int64(f)
+		out[kind] = g
+	}
+	return out
+}
+
+// groupsSince is what the counters counted between before and after.
+func groupsSince(before, after map[string]GroupReport) map[string]GroupReport {
+	if before == nil || after == nil {
+		return nil
+	}
+	out := map[string]GroupReport{}
+	for k, a := range after {
+		b := before[k]
+		out[k] = GroupReport{Batches: a.Batches - b.Batches, Calls: a.Calls - b.Calls, Split: a.Split - b.Split}
+	}
+	return out
 }

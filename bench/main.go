@@ -109,7 +109,25 @@ type options struct {
 	profileFor                     time.Duration
 	pgbenchFor                     time.Duration
 	subscriptions, drain           int
+	loadClient                     string
 }
+
+// storefronts makes the place phase's workers, on the client -load-client
+// names (see wire.go).
+func (o *options) storefronts(c *client, productID, runID string) func() (storefront, error) {
+	if o.loadClient == loadNetHTTP {
+		return func() (storefront, error) {
+			return &httpStorefront{c: c, vars: map[string]any{}, productID: productID, runID: runID}, nil
+		}
+	}
+	body := newOrderBody(productID, runID)
+	return func() (storefront, error) { return newWireClient(c.base, c.secret, body) }
+}
+
+const (
+	loadWire    = "wire"
+	loadNetHTTP = "net/http"
+)
 
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
@@ -138,6 +156,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.pgbenchFor, "pgbench", 10*time.Second, "run pgbench -N (16 clients) this long on a scratch database of -pg first, as the baseline (when pgbench is installed and the tool makes the database); 0: skip")
 	fs.IntVar(&o.subscriptions, "subscriptions", 1000, "orderStatusChanged subscriptions to open on pending orders after the direct phase, for the server's memory per 1,000; 0: skip")
 	fs.IntVar(&o.drain, "drain", 20000, "orders that fall due while the started server is stopped; it is then restarted and its drain of the backlog measured; 0: skip")
+	fs.StringVar(&o.loadClient, "load-client", loadWire, "the place phase's HTTP client: wire (one keep-alive connection per worker, HTTP/1.1 written directly: the load costs the shared cores less) or net/http (Go's client, as before)")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the run after the build")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -164,6 +183,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-drain: want 0 to 2000000")
 	case o.directOrders < 0 || o.directOrders > 2_000_000:
 		return nil, fmt.Errorf("-direct-orders: want 0 to 2000000")
+	case o.loadClient != loadWire && o.loadClient != loadNetHTTP:
+		return nil, fmt.Errorf("-load-client: want %s or %s", loadWire, loadNetHTTP)
 	}
 	if o.profileDir != "" && o.url != "" {
 		return nil, fmt.Errorf("-profile: only for a server the tool starts (not with -url)")
@@ -228,7 +249,7 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	runID := time.Now().UTC().Format("150405") + randomHex(2)
 	rep := &Report{Started: time.Now().UTC(), CPUs: runtime.NumCPU(), Orders: o.orders, Concurrency: o.concurrency,
-		PayShare: o.payShare, TTL: o.ttl.String(), DBMaxConns: o.dbMaxConns}
+		PayShare: o.payShare, TTL: o.ttl.String(), DBMaxConns: o.dbMaxConns, LoadClient: o.loadClient}
 
 	// The database.
 	dbURL := o.db
@@ -374,8 +395,9 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	probe := cpuProbe{serverPID: pid, dbName: dbNameOf(dbURL)}
 	cpu0 := probe.take()
-	var placeCPU func() error
+	var placeCPU, benchCPU func() error
 	if prof != nil {
+		benchCPU = prof.selfCPU("cpu-place-bench.pprof")
 		if err := prof.fetch(runCtx, "allocs", "allocs-before.pprof"); err != nil {
 			rep.Notes = append(rep.Notes, "profile: "+err.Error())
 		}
@@ -383,7 +405,8 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	progress("placing %d orders at concurrency %d, paying %.0f%%", o.orders, o.concurrency, 100*o.payShare)
 	waits := sampleWaits(runCtx, db, 100*time.Millisecond)
-	lr := runLoad(runCtx, c, productID, runID, o.orders, o.concurrency, o.payShare)
+	groups0 := c.groupCounters(runCtx)
+	lr := runLoad(runCtx, o.storefronts(c, productID, runID), o.orders, o.concurrency, o.payShare)
 	placeEnd := time.Now()
 	placeWaits := waits.Stop(lr.start, lr.wall)
 	if prof != nil {
@@ -393,12 +416,16 @@ func run(ctx context.Context, o *options) (code int) {
 		if err := placeCPU(); err != nil {
 			rep.Notes = append(rep.Notes, "profile: "+err.Error())
 		}
+		if err := benchCPU(); err != nil {
+			rep.Notes = append(rep.Notes, "profile: "+err.Error())
+		}
 	}
 	rep.Process.PlaceCPU = cpuUse(cpu0, probe.take())
 	wall := lr.wall
 	rep.Place = PlaceReport{OK: len(lr.placed), Errors: lr.placeErrors, WallSeconds: wall.Seconds(),
 		OrdersPerSec: rate(len(lr.placed), wall), Latency: summarize(lr.placed),
-		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall), ByTenth: byTenth(lr.doneAt, wall), Waits: placeWaits}
+		RequestsPerSec: rate(len(lr.placed)+sum(lr.placeErrors)+lr.paySent, wall), ByTenth: byTenth(lr.doneAt, wall), Waits: placeWaits,
+		Groups: groupsSince(groups0, c.groupCounters(runCtx))}
 	rep.Pay = PayReport{Sent: lr.paySent, OK: len(lr.paid), Errors: lr.payErrors,
 		PaymentsPerSec: rate(len(lr.paid), wall), Latency: summarize(lr.paid)}
 	if lr.firstError != "" {

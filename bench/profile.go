@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"time"
 )
 
@@ -54,4 +55,21 @@ func (p *profiler) cpu(ctx context.Context, d time.Duration, file string) func()
 	done := make(chan error, 1)
 	go func() { done <- p.fetch(ctx, fmt.Sprintf("profile?seconds=%d", max(1, int(d.Seconds()))), file) }()
 	return func() error { return <-done }
+}
+
+// selfCPU profiles the bench process itself (the load it puts on the same
+// cores) into dir/file until the returned func is called.
+func (p *profiler) selfCPU(file string) (stop func() error) {
+	f, err := os.Create(filepath.Join(p.dir, file))
+	if err != nil {
+		return func() error { return err }
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return func() error { return err }
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}
 }

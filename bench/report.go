@@ -99,6 +99,7 @@ type Report struct {
 	PayShare    float64   `json:"pay_share"`
 	TTL         string    `json:"ttl"`
 	DBMaxConns  int       `json:"db_max_conns"`
+	LoadClient  string    `json:"load_client"` // the place phase's HTTP client: wire or net/http
 
 	Place   PlaceReport   `json:"place"`
 	Pay     PayReport     `json:"pay"`
@@ -129,6 +130,40 @@ type PlaceReport struct {
 	ByTenth []float64 `json:"orders_per_sec_by_tenth,omitempty"`
 	// Waits is what the machine and the database did in each tenth.
 	Waits *WaitsReport `json:"waits,omitempty"`
+	// Groups is the ledger's group commit during the phase, by kind.
+	Groups map[string]GroupReport `json:"groups,omitempty"`
+}
+
+// GroupReport is one kind of the ledger's shared transactions (group
+// commit) over a phase: fewer calls per transaction means more
+// transactions, and more of the database's per-statement work, per order.
+type GroupReport struct {
+	Batches int64 `json:"batches"`
+	Calls   int64 `json:"calls"`
+	Split   int64 `json:"split,omitempty"`
+}
+
+// fmtGroups prints "place 812 tx, 24.6 a tx; pay ...".
+func fmtGroups(gs map[string]GroupReport) string {
+	kinds := make([]string, 0, len(gs))
+	for k := range gs {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		g := gs[k]
+		mean := 0.0
+		if g.Batches > 0 {
+			mean = float64(g.Calls) / float64(g.Batches)
+		}
+		part := fmt.Sprintf("%s %d calls in %d transactions (%.1f a transaction)", k, g.Calls, g.Batches, mean)
+		if g.Split > 0 {
+			part += fmt.Sprintf(", %d split", g.Split)
+		}
+		parts = append(parts, part)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // PayReport is the sandbox webhook calls made during the place phase.
@@ -167,11 +202,12 @@ type DirectReport struct {
 	ByTenth      []float64      `json:"orders_per_sec_by_tenth,omitempty"`
 	// Unless PlaceOnly: the payments (Ledger.RecordPayment) and the closes
 	// (Ledger.CloseOrders, measured from the rows as the close phase is).
-	Pay          *PayReport     `json:"pay,omitempty"`
-	Close        *CloseReport   `json:"close,omitempty"`
-	CloseBatches int            `json:"close_batches,omitempty"` // CloseOrders calls committed
-	CloseSkipped int            `json:"close_skipped,omitempty"` // closed by another (the server's sweeper) first
-	CloseErrors  map[string]int `json:"close_errors,omitempty"`
+	Pay          *PayReport             `json:"pay,omitempty"`
+	Close        *CloseReport           `json:"close,omitempty"`
+	CloseBatches int                    `json:"close_batches,omitempty"` // CloseOrders calls committed
+	CloseSkipped int                    `json:"close_skipped,omitempty"` // closed by another (the server's sweeper) first
+	CloseErrors  map[string]int         `json:"close_errors,omitempty"`
+	Groups       map[string]GroupReport `json:"groups,omitempty"`
 }
 
 // ProcessReport is the server process seen from /proc, and the machine.
@@ -226,8 +262,8 @@ func (r *Report) Write(w io.Writer) {
 	p("  server        %s", r.Server)
 	p("  database      %s", r.Database)
 	p("  redis         %s", r.Redis)
-	p("  load          %d orders, concurrency %d, pay share %.2f, TTL %s, DB pool %d, %d CPUs",
-		r.Orders, r.Concurrency, r.PayShare, r.TTL, r.DBMaxConns, r.CPUs)
+	p("  load          %d orders, concurrency %d, pay share %.2f, TTL %s, DB pool %d, %d CPUs, %s client",
+		r.Orders, r.Concurrency, r.PayShare, r.TTL, r.DBMaxConns, r.CPUs, r.LoadClient)
 	p("")
 	p("place  createOrder over HTTP + GraphQL")
 	p("  orders placed %d in %.2fs: %.0f orders/s", r.Place.OK, r.Place.WallSeconds, r.Place.OrdersPerSec)
@@ -251,6 +287,9 @@ func (r *Report) Write(w io.Writer) {
 			}
 			p("    %2d  %s%s", i+1, fmtTenth(st), ckpt)
 		}
+	}
+	if len(r.Place.Groups) > 0 {
+		p("  group commit  %s", fmtGroups(r.Place.Groups))
 	}
 	// pays and closes print a phase's payments and closes.
 	pays := func(pr PayReport, ok string) {
@@ -289,6 +328,9 @@ func (r *Report) Write(w io.Writer) {
 		p("  errors        %s", fmtCounts(d.Errors))
 		if len(d.ByTenth) > 0 {
 			p("  by tenth      %s orders/s", fmtSeries(d.ByTenth))
+		}
+		if len(d.Groups) > 0 {
+			p("  group commit  %s", fmtGroups(d.Groups))
 		}
 		if d.Pay != nil {
 			p("  pay           Ledger.RecordPayment (the batched path of a sandbox webhook), right after PlaceOrder")
