@@ -28,7 +28,10 @@ func (l *Ledger) clockAt(db bun.IDB) any {
 
 // pendingOfPG reads the PENDING orders among nos for the pre-close check,
 // with one probe of the order_no index each (see lockedCardsPG), and the
-// database's clock when withClock (zero when no order was read).
+// database's clock when withClock (zero when no order was read). The
+// status is tested on the rows found, outside the probe: inside, the
+// planner may read an index of PENDING orders instead (see
+// transitionLocked).
 func (l *Ledger) pendingOfPG(ctx context.Context, nos []string, withClock bool) ([]Order, time.Time, error) {
 	var clock any = bun.Safe("NULL::timestamptz")
 	if withClock {
@@ -38,7 +41,8 @@ func (l *Ledger) pendingOfPG(ctx context.Context, nos []string, withClock bool) 
 	if err := l.db.NewRaw(`SELECT o.order_no, o.product_id, o.provider, o.status, o.expires_at, `+timeParam(l.db)+` AS db_now
 		FROM unnest(?::text[]) AS u(no)
 		CROSS JOIN LATERAL (SELECT order_no, product_id, provider, status, expires_at FROM orders
-			WHERE order_no = u.no AND status = ? OFFSET 0) AS o`,
+			WHERE order_no = u.no OFFSET 0) AS o
+		WHERE o.status = ?`,
 		clock, pgdialect.Array(nos), OrderPending).Scan(ctx, &rs); err != nil {
 		return nil, time.Time{}, err
 	}
@@ -49,14 +53,13 @@ func (l *Ledger) pendingOfPG(ctx context.Context, nos []string, withClock bool) 
 // closeOrderRowsPG is closeOrderRows on PostgreSQL, in one statement: the
 // orders among nos that are PENDING are locked in order_no order (the
 // order every payment batch locks in, so that a close and a payment never
-// deadlock: whereOrderNosInLockOrder), those due by the transaction's
+// deadlock: transitionLocked), those due by the transaction's
 // clock (and by dueBy, if not zero) closed, and read back as they now
 // are. now is that clock, as written into closed_at (zero when nothing
 // closed). The others (usually none) are read afterwards.
 func (l *Ledger) closeOrderRowsPG(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy time.Time) (closed, others []Order, now time.Time, err error) {
 	clock := l.clockAt(tx)
-	key := func(q *bun.UpdateQuery) *bun.UpdateQuery {
-		q = whereOrderNosInLockOrder(tx, nos)(q)
+	due := func(q *bun.UpdateQuery) *bun.UpdateQuery {
 		switch {
 		case reason != CloseTimeout:
 			return q
@@ -65,7 +68,7 @@ func (l *Ledger) closeOrderRowsPG(ctx context.Context, tx bun.Tx, nos []string, 
 		}
 		return q.Where("expires_at <= LEAST(?, ?::timestamptz)", clock, dueBy)
 	}
-	if _, err := transitionAt(tx, OrderClose, clock, key, []column{col("closed_at = ?", clock)}).
+	if _, err := transitionLocked(tx, OrderClose, clock, byOrderNos(nos), due, []column{col("closed_at = ?", clock)}).
 		Returning(strings.Join(closedColumns, ", ")).Exec(ctx, &closed); err != nil {
 		return nil, nil, time.Time{}, err
 	}

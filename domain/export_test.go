@@ -59,3 +59,9 @@ func (l *Ledger) SetPlaceTimeoutForTest(d time.Duration) { l.placer.Timeout = d 
 // back on, for the benchmarks' figure without it. Never from a test that
 // runs beside others.
 func SetOutboxForTest(on bool) { outboxOff.Store(!on) }
+
+// PendingOfForTest is the pre-close check's read of the PENDING orders
+// among nos (sorted, distinct) and the database's clock.
+func (l *Ledger) PendingOfForTest(ctx context.Context, nos []string) ([]Order, time.Time, error) {
+	return l.pendingOf(ctx, nos, true)
+}

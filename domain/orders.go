@@ -966,7 +966,7 @@ func writeClose(ctx context.Context, tx bun.Tx, now time.Time, toWithdraw, toRec
 		ids []int64
 	}{{CardWithdrawLocked, toWithdraw}, {CardRecycle, toRecycle}} {
 		if len(m.ids) > 0 {
-			qs, want = append(qs, transition(tx, m.t, now, whereIDs(m.ids), nil)), append(want, len(m.ids))
+			qs, want = append(qs, transitionLocked(tx, m.t, now, byIDs(m.ids), nil, nil)), append(want, len(m.ids))
 		}
 	}
 	if len(flows) > 0 {

@@ -2,7 +2,9 @@ package domain_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -141,4 +143,130 @@ func explain(t *testing.T, db *bun.DB, q string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestBatchLocksFindOrdersByNumber: a payment batch and a close batch lock
+// their orders by number. Their lock query once also said "status =
+// PENDING", which the partial indexes on PENDING orders match; with the
+// statistics of a quiet moment (few PENDING orders) PostgreSQL then read
+// the whole partial index, whose entries for orders paid or closed since
+// stay until a vacuum, and the heap behind each: 20,000 rows read for a
+// batch of 26 under the bench's load. The plan is run (EXPLAIN ANALYZE, in
+// a transaction rolled back) after that history, with autovacuum off so
+// no vacuum tidies it away, and no step may read more than a few rows per
+// order of the batch.
+func TestBatchLocksFindOrdersByNumber(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	log := &queryLog{got: map[string]string{}, match: []string{"status = 'PAID'", "status = 'CLOSED'", `UPDATE "card_stock"`, "AS db_now"}}
+	db := dbtest.Open(t, dbtest.Postgres)
+	if _, err := db.ExecContext(ctx, "ALTER TABLE orders SET (autovacuum_enabled = false)"); err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	const batch = 40
+	p := b.product(t, 100, 1000)
+	place := func(n int) (orders []*domain.Order, nos []string) {
+		for i := range n {
+			placed, err := b.ledger.PlaceOrder(ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
+				Contact: fmt.Sprintf("buyer%d@example.com", i), Provider: "sandbox", ClientAddr: "10.1.1.1"})
+			if err != nil {
+				t.Fatal(i, err)
+			}
+			orders, nos = append(orders, placed.Order), append(nos, placed.Order.OrderNo)
+		}
+		return orders, nos
+	}
+	// A history: many orders placed and closed, statistics taken when
+	// none was PENDING, then as many again.
+	for round := range 2 {
+		_, nos := place(400)
+		if _, err := b.ledger.CloseOrders(ctx, nos, domain.CloseCancel); err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			if _, err := db.ExecContext(ctx, "ANALYZE orders"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The batches measured: 40 paid together (as many notifications
+	// arriving at once share a transaction), 40 closed.
+	orders, _ := place(batch)
+	var wg sync.WaitGroup
+	for i, o := range orders {
+		wg.Go(func() { b.pay(t, o, fmt.Sprintf("T%d", i), fmt.Sprintf("N%d", i)) })
+	}
+	wg.Wait()
+	_, nos := place(batch)
+	slices.Sort(nos)
+	if pending, _, err := b.ledger.PendingOfForTest(ctx, nos); err != nil || len(pending) != batch {
+		t.Fatalf("the pre-close check read %d of %d PENDING orders: %v", len(pending), batch, err)
+	}
+	if _, err := b.ledger.CloseOrders(ctx, nos, domain.CloseCancel); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range log.match {
+		q := log.got[m]
+		if q == "" {
+			t.Fatalf("no statement with %q was run", m)
+		}
+		if worst, plan := mostRowsRead(t, db, q); worst > 2*batch {
+			t.Errorf("a step reads %d rows for a batch of at most %d orders: %s\nof %s", worst, batch, plan, q)
+		}
+	}
+}
+
+// mostRowsRead runs q under EXPLAIN ANALYZE in a transaction it rolls back
+// (emptied of recorded notifications first, sequential scans off) and
+// returns the most rows any step of the plan read (returned over all its
+// loops, plus removed by a filter or an index recheck), and where.
+func mostRowsRead(t *testing.T, db *bun.DB, q string) (int, string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	// A payment's statement records its notification again: the rows
+	// recorded go first (in this transaction only). A test's tables are
+	// small enough to be read whole; a shop's are not, so the planner is
+	// told to use an index wherever it can, as it would on a shop's.
+	if _, err := tx.ExecContext(ctx, "DELETE FROM payment_notification; SET LOCAL enable_seqscan = off"); err != nil {
+		t.Fatal(err)
+	}
+	var raw string
+	if err := tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q).Scan(&raw); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	var plans []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := json.Unmarshal([]byte(raw), &plans); err != nil || len(plans) == 0 {
+		t.Fatalf("EXPLAIN's JSON: %v", err)
+	}
+	worst, where := 0, ""
+	var walk func(n planNode)
+	walk = func(n planNode) {
+		if rows := int(n.ActualRows*n.ActualLoops) + int(n.RemovedByFilter+n.RemovedByRecheck); rows > worst {
+			worst, where = rows, strings.TrimSpace(n.NodeType+" "+n.IndexName+" on "+n.RelationName)
+		}
+		for _, c := range n.Plans {
+			walk(c)
+		}
+	}
+	walk(plans[0].Plan)
+	return worst, where + ", in the plan\n" + raw
+}
+
+type planNode struct {
+	NodeType         string     `json:"Node Type"`
+	IndexName        string     `json:"Index Name"`
+	RelationName     string     `json:"Relation Name"`
+	ActualRows       float64    `json:"Actual Rows"`
+	ActualLoops      float64    `json:"Actual Loops"`
+	RemovedByFilter  float64    `json:"Rows Removed by Filter"`
+	RemovedByRecheck float64    `json:"Rows Removed by Index Recheck"`
+	Plans            []planNode `json:"Plans"`
 }

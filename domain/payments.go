@@ -195,7 +195,7 @@ var errNotUsual = errors.New("a payment of the batch is not the usual case")
 // deliverPaid records the payments ps[at...] of orders read as PENDING, as
 // recordPayment's usual case does for one: the notifications, the orders
 // PENDING → PAID and their cards LOCKED → SOLD, the journal. The orders'
-// rows are locked in order_no order (whereOrderNosInLockOrder), as the
+// rows are locked in order_no order (transitionLocked), as the
 // close path locks them.
 func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []int, orders map[string]*Order, results []*PaymentResult) error {
 	now := l.now()
@@ -231,10 +231,10 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	// back whole.
 	writes := []writeQuery{
 		tx.NewInsert().Model(&notes),
-		transition(tx, OrderPay, now, whereOrderNosInLockOrder(tx, nos), []column{
+		transitionLocked(tx, OrderPay, now, byOrderNos(nos), nil, []column{
 			col(byOrderNo("trade_no", "?"), trade...), col(byOrderNo("paid_fen", "?"), fen...), col(byOrderNo("paid_at", timeParam(tx)), t...),
 			col("delivered_at = ?", now)}),
-		transition(tx, CardSell, now, whereOrderNos(nos), []column{col("sold_at = ?", now)}),
+		transitionLocked(tx, CardSell, now, byOrderNos(nos), nil, []column{col("sold_at = ?", now)}),
 		flowInsert(tx, now, flows),
 	}
 	if !outboxOff.Load() {
