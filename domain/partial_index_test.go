@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
@@ -269,4 +270,40 @@ type planNode struct {
 	RemovedByFilter  float64    `json:"Rows Removed by Filter"`
 	RemovedByRecheck float64    `json:"Rows Removed by Index Recheck"`
 	Plans            []planNode `json:"Plans"`
+}
+
+// TestSweeperPagesOnUnanalyzedSQLite: kami never runs ANALYZE on SQLite,
+// and without statistics SQLite takes an equality on the first column of
+// (status, created_at) for the better index and sorts every PENDING order
+// for each page of 500 the sweeper reads (found by review: 146 ms a page
+// against 2 ms with 50,000 PENDING orders). Each page, the first and the
+// next ones, with and without a due bound, is read on the partial index in
+// its order.
+func TestSweeperPagesOnUnanalyzedSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, id"}}
+	db := dbtest.Open(t, dbtest.SQLite)
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	p := b.product(t, 100, 3)
+	for range 3 {
+		b.order(t, p, 1)
+	}
+	first, err := b.ledger.PendingOrders(ctx, domain.PendingOrder{}, time.Time{}, 1)
+	if err != nil || len(first) != 1 {
+		t.Fatal(first, err)
+	}
+	for _, page := range []struct {
+		after domain.PendingOrder
+		due   time.Time
+	}{{}, {due: b.clock.Now().Add(time.Hour)}, {after: first[0]}, {after: first[0], due: b.clock.Now().Add(time.Hour)}} {
+		log.got = map[string]string{}
+		if _, err := b.ledger.PendingOrders(ctx, page.after, page.due, 500); err != nil {
+			t.Fatal(err)
+		}
+		q := log.got["ORDER BY expires_at, id"]
+		if plan := explain(t, db, q); !strings.Contains(plan, "orders_pending_expires") || strings.Contains(plan, "TEMP B-TREE") {
+			t.Errorf("%s\nis not read on orders_pending_expires in its order:\n%s", q, plan)
+		}
+	}
 }

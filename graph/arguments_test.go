@@ -41,6 +41,19 @@ func TestNULArgumentsAreBadInput(t *testing.T) {
 			"productId": id, "quantity": 1, "contact": "a\x00b@example.com", "provider": "sandbox"}}},
 		{"idempotency key", anon, createOrder, map[string]any{"in": map[string]any{
 			"productId": id, "quantity": 1, "contact": "k@example.com", "provider": "sandbox", "idempotencyKey": "k\x00"}}},
+		// Hostile forms: a variable's default, a variable inside an input
+		// literal, a field in a fragment, a list element, a list literal.
+		{"variable default", anon, `query($no: String! = "2611\u0000") { order(orderNo: $no) { status } }`, nil},
+		{"variable in a literal", anon, `mutation($c: String!) { createOrder(input: {productId: "` + id + `", quantity: 1, contact: $c, provider: "sandbox"}) { accessToken } }`,
+			map[string]any{"c": "a\x00b@example.com"}},
+		{"literal in a literal", anon, `mutation { createOrder(input: {productId: "` + id + `", quantity: 1, contact: "a\u0000b@example.com", provider: "sandbox"}) { accessToken } }`, nil},
+		{"fragment", anon, `query($no: String!) { ...F } fragment F on Query { order(orderNo: $no) { status } }`, map[string]any{"no": nul}},
+		{"inline fragment", anon, `query($no: String!) { ... on Query { order(orderNo: $no) { status } } }`, map[string]any{"no": nul}},
+		{"list element", admin, `mutation($codes: [String!]!) { importCards(productId: "` + id + `", codes: $codes) { imported } }`,
+			map[string]any{"codes": []any{"ok-code", "bad\x00code"}}},
+		{"list literal", admin, `mutation { importCards(productId: "` + id + `", codes: ["ok-code", "bad\u0000code"]) { imported } }`, nil},
+		{"single value as a list", admin, `mutation($codes: [String!]!) { importCards(productId: "` + id + `", codes: $codes) { imported } }`,
+			map[string]any{"codes": "bad\x00code"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if e := b.do(t, c.who, c.query, c.vars).wantCode(t, domain.EBADINPUT); e.Message == "" {
