@@ -315,25 +315,47 @@ func sum(m map[string]int) int {
 	return t
 }
 
-// groupCounters reads the ledger's group-commit counters from the server's
-// /metrics (kami_group_{batches,calls,split}_total by kind); nil when it
-// cannot, the report then leaves them out.
-func (c *client) groupCounters(ctx context.Context) map[string]GroupReport {
+// metrics reads the server's /metrics as text; "" when it cannot.
+func (c *client) metrics(ctx context.Context) string {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/metrics", nil)
 	if err != nil {
-		return nil
+		return ""
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil
+		return ""
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil || resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return string(raw)
+}
+
+// gcPercent is the server's garbage collector target (GOGC), from the
+// go_gc_gogc_percent of its /metrics; 0 when unknown.
+func (c *client) gcPercent(ctx context.Context) int {
+	for _, line := range strings.Split(c.metrics(ctx), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_gc_gogc_percent "); ok {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && f > 0 {
+				return int(f)
+			}
+		}
+	}
+	return 0
+}
+
+// groupCounters reads the ledger's group-commit counters from the server's
+// /metrics (kami_group_{batches,calls,split}_total by kind); nil when it
+// cannot, the report then leaves them out.
+func (c *client) groupCounters(ctx context.Context) map[string]GroupReport {
+	raw := c.metrics(ctx)
+	if raw == "" {
 		return nil
 	}
 	out := map[string]GroupReport{}
-	for _, line := range strings.Split(string(raw), "\n") {
+	for _, line := range strings.Split(raw, "\n") {
 		var field *int64
 		name, rest, ok := strings.Cut(line, `{kind="`)
 		if !ok {

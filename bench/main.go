@@ -80,6 +80,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -479,6 +480,14 @@ func run(ctx context.Context, o *options) (code int) {
 		} else if dl, err = directLedger(db, o.ttl); err != nil {
 			return fail("%v", err)
 		}
+		// The ledger runs in this process: with the server's garbage
+		// collector target, so that both sides collect alike.
+		gcPercent := 0
+		if os.Getenv("GOGC") == "" {
+			if gcPercent = c.gcPercent(runCtx); gcPercent > 0 {
+				debug.SetGCPercent(gcPercent)
+			}
+		}
 		progress("direct through the ledger, %d orders: %s", o.directOrders, st.describe())
 		d, cpu, err := runDirect(runCtx, dl, runID, o.directOrders, o.concurrency, probe, st)
 		rep.Process.DirectCPU = cpu
@@ -486,6 +495,7 @@ func run(ctx context.Context, o *options) (code int) {
 			rep.Notes = append(rep.Notes, "direct phase: "+err.Error())
 		}
 		if d != nil {
+			d.GCPercent = gcPercent
 			rep.Direct = d
 			if d.OrdersPerSec > 0 {
 				rep.Ratio = rep.Place.OrdersPerSec / d.OrdersPerSec

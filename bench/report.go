@@ -208,6 +208,10 @@ type DirectReport struct {
 	CloseSkipped int                    `json:"close_skipped,omitempty"` // closed by another (the server's sweeper) first
 	CloseErrors  map[string]int         `json:"close_errors,omitempty"`
 	Groups       map[string]GroupReport `json:"groups,omitempty"`
+	// GCPercent is the garbage collector target the phase ran with: the
+	// server's (its go_gc_gogc_percent); 0 when GOGC was set for both or
+	// the server's was unknown.
+	GCPercent int `json:"gc_percent,omitempty"`
 }
 
 // ProcessReport is the server process seen from /proc, and the machine.
@@ -323,6 +327,9 @@ func (r *Report) Write(w io.Writer) {
 	if d := r.Direct; d != nil {
 		p("direct %s", d.Runs)
 		p("       in-process on the same database (no HTTP, GraphQL, Redis gate, scheduling, events)")
+		if d.GCPercent > 0 {
+			p("       with the server's garbage collector target, GOGC %d (from its /metrics)", d.GCPercent)
+		}
 		p("  orders placed %d in %.2fs: %.0f orders/s", d.OK, d.WallSeconds, d.OrdersPerSec)
 		p("  latency       %s", lat(d.Latency))
 		p("  errors        %s", fmtCounts(d.Errors))
