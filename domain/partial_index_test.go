@@ -307,3 +307,40 @@ func TestSweeperPagesOnUnanalyzedSQLite(t *testing.T) {
 		}
 	}
 }
+
+// TestSweeperNextPageSeeks: a sweeper page after the first starts where
+// the last one ended, by an index seek on expires_at, instead of walking
+// the PENDING orders before it (which made a sweep of a large backlog
+// quadratic).
+func TestSweeperNextPageSeeks(t *testing.T) {
+	t.Parallel()
+	for _, k := range []dbtest.Kind{dbtest.SQLite, dbtest.Postgres} {
+		t.Run(string(k), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, id"}}
+			db := dbtest.Open(t, k)
+			b := setup(t, db.WithQueryHook(log), domain.Config{})
+			p := b.product(t, 100, 3)
+			for range 3 {
+				b.order(t, p, 1)
+			}
+			first, err := b.ledger.PendingOrders(ctx, domain.PendingOrder{}, time.Time{}, 1)
+			if err != nil || len(first) != 1 {
+				t.Fatal(first, err)
+			}
+			next, err := b.ledger.PendingOrders(ctx, first[0], time.Time{}, 500)
+			if err != nil || len(next) != 2 {
+				t.Fatalf("the next page has %d of the 2 other orders: %v", len(next), err)
+			}
+			q := log.got["ORDER BY expires_at, id"]
+			seek := "Index Cond: (expires_at >="
+			if k == dbtest.SQLite {
+				seek = "orders_pending_expires (expires_at>"
+			}
+			if plan := explain(t, db, q); !strings.Contains(plan, seek) {
+				t.Errorf("%s\ndoes not seek (%q):\n%s", q, seek, plan)
+			}
+		})
+	}
+}
