@@ -43,7 +43,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	tuneGC(os.Getenv)
+	tuneGC(ctx, os.Getenv)
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "kami:", err)
 		os.Exit(1)
