@@ -2,6 +2,7 @@ package domain
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,20 +70,21 @@ func whereOrderNos(nos []string) func(*bun.UpdateQuery) *bun.UpdateQuery {
 }
 
 // rowsNamed names the rows a batch moves: by order number (orders, or the
-// cards sold to them) or by id.
+// cards sold to them) or by id. values are sorted: on PostgreSQL the rows
+// are locked in their order (see transitionLocked).
 type rowsNamed struct {
 	column string // order_no or id
 	array  string // the PostgreSQL array type of the values
-	values any    // []string or []int64
+	values any    // []string or []int64, sorted
 	where  func(*bun.UpdateQuery) *bun.UpdateQuery
 }
 
 func byOrderNos(nos []string) rowsNamed {
-	return rowsNamed{column: "order_no", array: "text[]", values: nos, where: whereOrderNos(nos)}
+	return rowsNamed{column: "order_no", array: "text[]", values: slices.Sorted(slices.Values(nos)), where: whereOrderNos(nos)}
 }
 
 func byIDs(ids []int64) rowsNamed {
-	return rowsNamed{column: "id", array: "bigint[]", values: ids, where: whereIDs(ids)}
+	return rowsNamed{column: "id", array: "bigint[]", values: slices.Sorted(slices.Values(ids)), where: whereIDs(ids)}
 }
 
 // transitionLocked is transition for the rows of a batch (a payment
@@ -106,7 +108,16 @@ func byIDs(ids []int64) rowsNamed {
 // vacuum, each a visit to the table: 20,000 rows read for a payment batch
 // of 26 under the bench's load. OFFSET 0 keeps the lateral probe a
 // subquery no condition is pushed into (see lockedCardsPG). The lock is
-// the one the UPDATE takes anyway (FOR NO KEY UPDATE), taken earlier.
+// the one the UPDATE takes anyway (FOR NO KEY UPDATE), taken earlier; a
+// row changed by a transaction that committed while this one waited for
+// it is read as that transaction left it.
+//
+// The lock is taken inside the probe, one name at a time in the array's
+// order (then by id among a name's rows): PostgreSQL locks a subquery's
+// rows in the subquery itself, never above a sort outside it ("ORDER BY
+// r.name … FOR UPDATE OF r" sorted rows already locked in the array's
+// order). So the names are sorted here (rowsNamed); a payment batch's
+// come in the order its payments arrived.
 func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
 	if extra == nil {
 		extra = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q }
@@ -116,9 +127,8 @@ func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra f
 	}
 	q := db.NewUpdate().Table(t.Table).
 		TableExpr(`(SELECT r.id AS locked_id, r.status AS locked_status FROM unnest(?::`+rows.array+`) AS u(v)
-			CROSS JOIN LATERAL (SELECT id, status, ? AS name FROM ? WHERE ? = u.v OFFSET 0) AS r
-			ORDER BY r.name, r.id FOR NO KEY UPDATE OF r) AS l`,
-			pgdialect.Array(rows.values), bun.Ident(rows.column), bun.Ident(t.Table), bun.Ident(rows.column)).
+			CROSS JOIN LATERAL (SELECT id, status FROM ? WHERE ? = u.v ORDER BY id OFFSET 0 FOR NO KEY UPDATE) AS r) AS l`,
+			pgdialect.Array(rows.values), bun.Ident(t.Table), bun.Ident(rows.column)).
 		Set("status = ?", t.To).
 		Set("updated_at = ?", now)
 	for _, c := range cols {
