@@ -94,8 +94,9 @@ func byIDs(ids []int64) rowsNamed {
 // the order its plan walks the rows (a bitmap scan: heap order; an index
 // on expires_at: that order), and a close and a payment batch that lock
 // two orders in opposite orders deadlock (retried, but a second lost and
-// a batch rolled back). MySQL/MariaDB lock with SELECT … ORDER BY
-// order_no FOR UPDATE first; SQLite has one writer.
+// a batch rolled back). On MySQL/MariaDB the UPDATE reads the rows on
+// their name's index (nameIndexMySQL), in that order, as the close's
+// SELECT … ORDER BY order_no FOR UPDATE does; SQLite has one writer.
 //
 // On PostgreSQL the rows are also found by name only, one index probe
 // each, and their status is tested on the rows as locked
@@ -122,7 +123,16 @@ func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra f
 	if extra == nil {
 		extra = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q }
 	}
-	if dialectName(db) != dialect.PG {
+	switch dialectName(db) {
+	case dialect.MySQL:
+		return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			if index, ok := nameIndexMySQL[[2]string{t.Table, rows.column}]; ok {
+				q = q.ForceIndex(index)
+			}
+			return extra(rows.where(q))
+		}, cols)
+	case dialect.PG:
+	default:
 		return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery { return extra(rows.where(q)) }, cols)
 	}
 	q := db.NewUpdate().Table(t.Table).
@@ -135,6 +145,21 @@ func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra f
 		q = q.Set(c.expr, c.args...)
 	}
 	return extra(q.Where("id = l.locked_id").Where("l.locked_status IN (?)", bun.List(t.From)))
+}
+
+// nameIndexMySQL is the index MariaDB must read a batch's rows by, table
+// and name: InnoDB locks the rows an UPDATE reads in the order it reads
+// them, and left to choose, for a batch that is a large share of a
+// small table or where few rows have the status asked, MariaDB reads the
+// whole table (id order) or an index of statuses (expiry or creation
+// order). A payment batch so locked its orders in another order than a
+// close's SELECT … ORDER BY order_no FOR UPDATE, and the two deadlocked.
+// An IN list read on its name's index is read in that name's order.
+var nameIndexMySQL = map[[2]string]string{
+	{tableOrders, "order_no"}: "orders_order_no",
+	{tableCards, "order_no"}:  "card_stock_order",
+	{tableOrders, "id"}:       "PRIMARY",
+	{tableCards, "id"}:        "PRIMARY",
 }
 
 func whereIDs(ids []int64) func(*bun.UpdateQuery) *bun.UpdateQuery {

@@ -17,9 +17,8 @@ import (
 // orders are paid, end with each order once: closed with its two cards
 // recycled, one journal entry and one order.closed event, or paid with
 // its two cards sold and no close written; never both, never twice. And
-// on PostgreSQL without a deadlock: the payments, grouped in batches in
-// the order they arrive, lock their orders in order_no order as the
-// closes do.
+// without a deadlock: the payments, grouped in batches in the order they
+// arrive, lock their orders in order_no order as the closes do.
 func TestRaceOverlappingClosesOnTheDatabaseClock(t *testing.T) {
 	t.Parallel()
 	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {

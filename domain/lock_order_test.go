@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/uptrace/bun"
 
@@ -16,15 +17,17 @@ import (
 	"kami/domain/dbtest"
 )
 
-// deadlockLog records every statement PostgreSQL ended with a deadlock
-// (40P01): a retry hides them from the callers, not from it.
+// deadlockLog records every statement the database ended with a deadlock
+// (PostgreSQL's 40P01, MariaDB's 1213): a retry hides them from the
+// callers, not from it.
 type deadlockLog struct{ n atomic.Int64 }
 
 func (d *deadlockLog) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
 
 func (d *deadlockLog) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
 	var pgErr *pgconn.PgError
-	if errors.As(ev.Err, &pgErr) && pgErr.Code == "40P01" {
+	var myErr *mysql.MySQLError
+	if errors.As(ev.Err, &pgErr) && pgErr.Code == "40P01" || errors.As(ev.Err, &myErr) && myErr.Number == 1213 {
 		d.n.Add(1)
 	}
 }
