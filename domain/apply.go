@@ -2,6 +2,7 @@ package domain
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,20 +70,21 @@ func whereOrderNos(nos []string) func(*bun.UpdateQuery) *bun.UpdateQuery {
 }
 
 // rowsNamed names the rows a batch moves: by order number (orders, or the
-// cards sold to them) or by id.
+// cards sold to them) or by id. values are sorted: on PostgreSQL the rows
+// are locked in their order (see transitionLocked).
 type rowsNamed struct {
 	column string // order_no or id
 	array  string // the PostgreSQL array type of the values
-	values any    // []string or []int64
+	values any    // []string or []int64, sorted
 	where  func(*bun.UpdateQuery) *bun.UpdateQuery
 }
 
 func byOrderNos(nos []string) rowsNamed {
-	return rowsNamed{column: "order_no", array: "text[]", values: nos, where: whereOrderNos(nos)}
+	return rowsNamed{column: "order_no", array: "text[]", values: slices.Sorted(slices.Values(nos)), where: whereOrderNos(nos)}
 }
 
 func byIDs(ids []int64) rowsNamed {
-	return rowsNamed{column: "id", array: "bigint[]", values: ids, where: whereIDs(ids)}
+	return rowsNamed{column: "id", array: "bigint[]", values: slices.Sorted(slices.Values(ids)), where: whereIDs(ids)}
 }
 
 // transitionLocked is transition for the rows of a batch (a payment
@@ -92,8 +94,9 @@ func byIDs(ids []int64) rowsNamed {
 // the order its plan walks the rows (a bitmap scan: heap order; an index
 // on expires_at: that order), and a close and a payment batch that lock
 // two orders in opposite orders deadlock (retried, but a second lost and
-// a batch rolled back). MySQL/MariaDB lock with SELECT … ORDER BY
-// order_no FOR UPDATE first; SQLite has one writer.
+// a batch rolled back). On MySQL/MariaDB the UPDATE reads the rows on
+// their name's index (nameIndexMySQL), in that order, as the close's
+// SELECT … ORDER BY order_no FOR UPDATE does; SQLite has one writer.
 //
 // On PostgreSQL the rows are also found by name only, one index probe
 // each, and their status is tested on the rows as locked
@@ -106,25 +109,57 @@ func byIDs(ids []int64) rowsNamed {
 // vacuum, each a visit to the table: 20,000 rows read for a payment batch
 // of 26 under the bench's load. OFFSET 0 keeps the lateral probe a
 // subquery no condition is pushed into (see lockedCardsPG). The lock is
-// the one the UPDATE takes anyway (FOR NO KEY UPDATE), taken earlier.
+// the one the UPDATE takes anyway (FOR NO KEY UPDATE), taken earlier; a
+// row changed by a transaction that committed while this one waited for
+// it is read as that transaction left it.
+//
+// The lock is taken inside the probe, one name at a time in the array's
+// order (then by id among a name's rows): PostgreSQL locks a subquery's
+// rows in the subquery itself, never above a sort outside it ("ORDER BY
+// r.name … FOR UPDATE OF r" sorted rows already locked in the array's
+// order). So the names are sorted here (rowsNamed); a payment batch's
+// come in the order its payments arrived.
 func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
 	if extra == nil {
 		extra = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q }
 	}
-	if dialectName(db) != dialect.PG {
+	switch dialectName(db) {
+	case dialect.MySQL:
+		return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
+			if index, ok := nameIndexMySQL[[2]string{t.Table, rows.column}]; ok {
+				q = q.ForceIndex(index)
+			}
+			return extra(rows.where(q))
+		}, cols)
+	case dialect.PG:
+	default:
 		return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery { return extra(rows.where(q)) }, cols)
 	}
 	q := db.NewUpdate().Table(t.Table).
 		TableExpr(`(SELECT r.id AS locked_id, r.status AS locked_status FROM unnest(?::`+rows.array+`) AS u(v)
-			CROSS JOIN LATERAL (SELECT id, status, ? AS name FROM ? WHERE ? = u.v OFFSET 0) AS r
-			ORDER BY r.name, r.id FOR NO KEY UPDATE OF r) AS l`,
-			pgdialect.Array(rows.values), bun.Ident(rows.column), bun.Ident(t.Table), bun.Ident(rows.column)).
+			CROSS JOIN LATERAL (SELECT id, status FROM ? WHERE ? = u.v ORDER BY id OFFSET 0 FOR NO KEY UPDATE) AS r) AS l`,
+			pgdialect.Array(rows.values), bun.Ident(t.Table), bun.Ident(rows.column)).
 		Set("status = ?", t.To).
 		Set("updated_at = ?", now)
 	for _, c := range cols {
 		q = q.Set(c.expr, c.args...)
 	}
 	return extra(q.Where("id = l.locked_id").Where("l.locked_status IN (?)", bun.List(t.From)))
+}
+
+// nameIndexMySQL is the index MariaDB must read a batch's rows by, table
+// and name: InnoDB locks the rows an UPDATE reads in the order it reads
+// them, and left to choose, for a batch that is a large share of a
+// small table or where few rows have the status asked, MariaDB reads the
+// whole table (id order) or an index of statuses (expiry or creation
+// order). A payment batch so locked its orders in another order than a
+// close's SELECT … ORDER BY order_no FOR UPDATE, and the two deadlocked.
+// An IN list read on its name's index is read in that name's order.
+var nameIndexMySQL = map[[2]string]string{
+	{tableOrders, "order_no"}: "orders_order_no",
+	{tableCards, "order_no"}:  "card_stock_order",
+	{tableOrders, "id"}:       "PRIMARY",
+	{tableCards, "id"}:        "PRIMARY",
 }
 
 func whereIDs(ids []int64) func(*bun.UpdateQuery) *bun.UpdateQuery {

@@ -16,10 +16,14 @@ import (
 // CURRENT_TIMESTAMP on PostgreSQL, not a test's stand-in) while the same
 // orders are paid, end with each order once: closed with its two cards
 // recycled, one journal entry and one order.closed event, or paid with
-// its two cards sold and no close written; never both, never twice.
+// its two cards sold and no close written; never both, never twice. And
+// without a deadlock: the payments, grouped in batches in the order they
+// arrive, lock their orders in order_no order as the closes do.
 func TestRaceOverlappingClosesOnTheDatabaseClock(t *testing.T) {
 	t.Parallel()
 	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
+		deadlocks := &deadlockLog{}
+		db = db.WithQueryHook(deadlocks)
 		b := setup(t, db, domain.Config{})
 		const n = 120
 		p := b.product(t, 100, 2*n)
@@ -85,6 +89,9 @@ func TestRaceOverlappingClosesOnTheDatabaseClock(t *testing.T) {
 			default:
 				t.Errorf("order %s ended %s with cards %v, %d return entries, %d order.closed events", o.OrderNo, got.Status, cards, returns, closedEvents)
 			}
+		}
+		if n := deadlocks.n.Load(); n > 0 {
+			t.Errorf("%d statements ended in a deadlock", n)
 		}
 		b.mustAudit(t)
 	})

@@ -51,9 +51,9 @@ func (l *Ledger) pendingOfPG(ctx context.Context, nos []string, withClock bool) 
 }
 
 // closeOrderRowsPG is closeOrderRows on PostgreSQL, in one statement: the
-// orders among nos that are PENDING are locked in order_no order (the
-// order every payment batch locks in, so that a close and a payment never
-// deadlock: transitionLocked), those due by the transaction's
+// orders among nos are locked in order_no order (the order every payment
+// batch locks in, so that a close and a payment never deadlock:
+// transitionLocked), those PENDING and due by the transaction's
 // clock (and by dueBy, if not zero) closed, and read back as they now
 // are. now is that clock, as written into closed_at (zero when nothing
 // closed). The others (usually none) are read afterwards.

@@ -35,15 +35,6 @@ func (cb *cancelBundle) place(key, method string) (*domain.Checkout, error) {
 		Provider: sandbox.Name, IdempotencyKey: key}, method, "203.0.113.9")
 }
 
-func (cb *cancelBundle) status(t *testing.T, orderNo string) domain.OrderStatus {
-	t.Helper()
-	o, err := cb.ledger.Order(cb.ctx, orderNo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return o.Status
-}
-
 // TestRetryWithABadMethodKeepsTheOrder: a buyer's retry of createOrder
 // (same idempotency key) with a payment method the gateway does not offer
 // is refused, and the buyer's live order stays as it was.

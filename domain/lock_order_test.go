@@ -1,0 +1,244 @@
+package domain_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+)
+
+// deadlockLog records every statement the database ended with a deadlock
+// (PostgreSQL's 40P01, MariaDB's 1213): a retry hides them from the
+// callers, not from it.
+type deadlockLog struct{ n atomic.Int64 }
+
+func (d *deadlockLog) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+
+func (d *deadlockLog) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
+	var pgErr *pgconn.PgError
+	var myErr *mysql.MySQLError
+	if errors.As(ev.Err, &pgErr) && pgErr.Code == "40P01" || errors.As(ev.Err, &myErr) && myErr.Number == 1213 {
+		d.n.Add(1)
+	}
+}
+
+// stallOnce holds the first statement containing match, once armed, after
+// it ran and before its transaction goes on (the transaction keeps what
+// it locked), until released.
+type stallOnce struct {
+	match   string
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newStallOnce(match string) *stallOnce {
+	return &stallOnce{match: match, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *stallOnce) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
+
+func (s *stallOnce) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
+	if ev.Err == nil && strings.Contains(ev.Query, s.match) && s.armed.CompareAndSwap(true, false) {
+		close(s.entered)
+		<-s.release
+	}
+}
+
+// tupleWaiters counts the row-lock waits on the test's orders table:
+// granted, a transaction first in line for a row someone holds; not
+// granted, one queued behind it.
+func tupleWaiters(t *testing.T, db *bun.DB, granted bool) int {
+	t.Helper()
+	var n int
+	if err := db.NewRaw("SELECT count(*) FROM pg_locks WHERE locktype = 'tuple' AND relation = 'orders'::regclass AND granted = ?", granted).
+		Scan(context.Background(), &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestPaymentBatchAndCloseBatchNeverDeadlock: a payment batch locks its
+// orders in order_no order whatever order its payments arrived in, as a
+// close batch does, so the two never hold one order each while waiting
+// for the other's. The payments of x < y arrive y first. A transaction
+// holds x; a close of x and y waits for it, first in line; the payment
+// batch queues behind on x. Locking in arrival order, the batch would
+// already hold y: released, the close takes x and waits for y, the batch
+// waits for x, and PostgreSQL ends one of them a second later (40P01).
+func TestPaymentBatchAndCloseBatchNeverDeadlock(t *testing.T) {
+	t.Parallel()
+	deadlocks := &deadlockLog{}
+	db := dbtest.Open(t, dbtest.Postgres).WithQueryHook(deadlocks)
+	b := setup(t, db, domain.Config{OrderTTL: time.Hour})
+	p := b.product(t, 500, 2)
+	x, y := b.order(t, p, 1).Order, b.order(t, p, 1).Order
+	if y.OrderNo < x.OrderNo {
+		x, y = y, x
+	}
+	holder, err := db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.ExecContext(b.ctx, "SELECT 1 FROM orders WHERE order_no = ? FOR UPDATE", x.OrderNo); err != nil {
+		t.Fatal(err)
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := b.ledger.CloseOrders(b.ctx, []string{x.OrderNo, y.OrderNo}, domain.CloseCancel); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	waitFor(t, "the close waiting for x", func() bool { return tupleWaiters(t, db, true) == 1 })
+	wg.Go(func() {
+		ps := []domain.Payment{
+			{Provider: y.Provider, NotifyID: "N-Y", OrderNo: y.OrderNo, TradeNo: "T-Y", AmountFen: y.AmountFen, Raw: "{}"},
+			{Provider: x.Provider, NotifyID: "N-X", OrderNo: x.OrderNo, TradeNo: "T-X", AmountFen: x.AmountFen, Raw: "{}"},
+		}
+		_, errs := b.ledger.RecordPaymentsForTest(b.ctx, ps)
+		for _, err := range errs {
+			if err != nil {
+				t.Errorf("payment: %v", err)
+			}
+		}
+	})
+	waitFor(t, "the payment batch queued behind the close", func() bool { return tupleWaiters(t, db, false) == 1 })
+	if err := holder.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if n := deadlocks.n.Load(); n > 0 {
+		t.Errorf("%d statements ended in a deadlock", n)
+	}
+	for _, o := range []*domain.Order{x, y} {
+		got, err := b.ledger.Order(b.ctx, o.OrderNo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The close came first: each payment is then a late one, refunded.
+		if got.Status != domain.OrderRefunding {
+			t.Errorf("order %s ended %s", o.OrderNo, got.Status)
+		}
+	}
+	b.mustAudit(t)
+}
+
+// stalledPair opens a database whose first statement containing match,
+// once armed, stalls (newStallOnce), and places two orders of 2 cards.
+func stalledPair(t *testing.T, match string) (*stallOnce, *bun.DB, *bundle, *domain.Order, *domain.Order) {
+	t.Helper()
+	stall := newStallOnce(match)
+	db := dbtest.Open(t, dbtest.Postgres).WithQueryHook(stall)
+	b := setup(t, db, domain.Config{OrderTTL: time.Hour})
+	p := b.product(t, 500, 4)
+	return stall, db, b, b.order(t, p, 2).Order, b.order(t, p, 2).Order
+}
+
+// TestBatchesTestTheStatusAsLocked: a close batch and a payment batch read
+// each order's status from the row they locked, after waiting for the
+// transaction that held it, not from the statement's snapshot taken while
+// it was still PENDING. A payment is held open after its writes (the order
+// PAID, its cards SOLD, not committed); a close of it and another order
+// waits for it, then must leave it PAID. And the other way round: a close
+// held open, a payment batch of its order and another must not pay it
+// (its payment is late: refunded).
+func TestBatchesTestTheStatusAsLocked(t *testing.T) {
+	t.Parallel()
+	t.Run("close after pay", func(t *testing.T) {
+		t.Parallel()
+		stall, db, b, x, y := stalledPair(t, `UPDATE "orders" SET status = 'PAID'`)
+
+		stall.armed.Store(true)
+		paid := make(chan *domain.PaymentResult, 1)
+		go func() {
+			res, err := b.ledger.RecordPayment(b.ctx, domain.Payment{Provider: x.Provider, NotifyID: "N-X", OrderNo: x.OrderNo,
+				TradeNo: "T-X", AmountFen: x.AmountFen, Raw: "{}"})
+			if err != nil {
+				res = &domain.PaymentResult{Outcome: domain.PaymentOutcome("error: " + err.Error())}
+			}
+			paid <- res
+		}()
+		receive(t, "the payment's writes", stall.entered)
+		closed := make(chan []domain.CloseResult, 1)
+		go func() {
+			rs, err := b.ledger.CloseOrders(b.ctx, []string{x.OrderNo, y.OrderNo}, domain.CloseCancel)
+			if err != nil {
+				t.Errorf("close: %v", err)
+			}
+			closed <- rs
+		}()
+		waitFor(t, "the close waiting for the payment", func() bool { return tupleWaiters(t, db, true) == 1 })
+		close(stall.release)
+		if res := <-paid; res.Outcome != domain.PaymentDelivered {
+			t.Errorf("payment: %s", res.Outcome)
+		}
+		for _, r := range <-closed {
+			if want := map[string]domain.CloseOutcome{x.OrderNo: domain.CloseSkipped, y.OrderNo: domain.Closed}[r.OrderNo]; r.Outcome != want {
+				t.Errorf("close of %s: %s, want %s", r.OrderNo, r.Outcome, want)
+			}
+		}
+		if got, cards := b.status(t, x.OrderNo), b.cardStatuses(t, x.OrderNo); got != domain.OrderPaid || cards[domain.CardSold] != 2 || len(cards) != 1 {
+			t.Errorf("the paid order ended %s with cards %v", got, cards)
+		}
+		b.mustAudit(t)
+	})
+	t.Run("pay after close", func(t *testing.T) {
+		t.Parallel()
+		stall, db, b, x, y := stalledPair(t, `UPDATE "orders" SET status = 'CLOSED'`)
+
+		stall.armed.Store(true)
+		closed := make(chan error, 1)
+		go func() {
+			_, err := b.ledger.CloseOrders(b.ctx, []string{x.OrderNo}, domain.CloseCancel)
+			closed <- err
+		}()
+		receive(t, "the close's write", stall.entered)
+		var results []*domain.PaymentResult
+		var errs []error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			results, errs = b.ledger.RecordPaymentsForTest(b.ctx, []domain.Payment{
+				{Provider: x.Provider, NotifyID: "N-X", OrderNo: x.OrderNo, TradeNo: "T-X", AmountFen: x.AmountFen, Raw: "{}"},
+				{Provider: y.Provider, NotifyID: "N-Y", OrderNo: y.OrderNo, TradeNo: "T-Y", AmountFen: y.AmountFen, Raw: "{}"},
+			})
+		}()
+		waitFor(t, "the payment batch waiting for the close", func() bool { return tupleWaiters(t, db, true) == 1 })
+		close(stall.release)
+		if err := <-closed; err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		<-done
+		for i, want := range []domain.PaymentOutcome{domain.PaymentLateRefund, domain.PaymentDelivered} {
+			if errs[i] != nil || results[i] == nil || results[i].Outcome != want {
+				t.Errorf("payment %d: %+v, %v; want %s", i, results[i], errs[i], want)
+			}
+		}
+		if got, cards := b.status(t, x.OrderNo), b.cardStatuses(t, x.OrderNo); got != domain.OrderRefunding || cards[domain.CardRecycled] != 2 || len(cards) != 1 {
+			t.Errorf("the closed order ended %s with cards %v", got, cards)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// status is the order's status as stored.
+func (b *bundle) status(t *testing.T, orderNo string) domain.OrderStatus {
+	t.Helper()
+	o, err := b.ledger.Order(b.ctx, orderNo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.Status
+}
