@@ -13,9 +13,9 @@
 //     of the same PostgreSQL first; kami's figures are printed as ratios
 //     to its tps.
 //
-//  1. Place: -concurrency workers send -orders createOrder mutations over
-//     HTTP keep-alive (GraphQL, distinct contacts, quantity 1, provider
-//     sandbox). For the -pay-share of the orders, spread evenly, the worker
+//  1. Place: -concurrency workers send -orders createOrder mutations, each
+//     on an HTTP/1.1 keep-alive connection of its own (GraphQL, distinct
+//     contacts, quantity 1, provider sandbox; -load-client, see wire.go). For the -pay-share of the orders, spread evenly, the worker
 //     then posts a signed sandbox payment notification to /webhooks/sandbox
 //     at once, as the gateway would. Reported: orders placed per second
 //     (successful createOrder over the phase's wall time, payments
@@ -29,7 +29,8 @@
 //     and due-to-closed latency (closed_at − expires_at per order).
 //
 //  3. Direct: the same database, opened in this process with domain.OpenDB
-//     and a pool as large as the server's, runs the same transactions
+//     and a pool as large as the server's and with the server's garbage
+//     collector target (its go_gc_gogc_percent), runs the same transactions
 //     through the ledger at the same concurrency on a new product: each
 //     worker places an order (Ledger.PlaceOrder: insert the order, lock a
 //     card with SKIP LOCKED, write the stock journal) and, for the same
