@@ -282,21 +282,11 @@ type planNode struct {
 func TestSweeperPagesOnUnanalyzedSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, id"}}
-	db := dbtest.Open(t, dbtest.SQLite)
-	b := setup(t, db.WithQueryHook(log), domain.Config{})
-	p := b.product(t, 100, 3)
-	for range 3 {
-		b.order(t, p, 1)
-	}
-	first, err := b.ledger.PendingOrders(ctx, domain.PendingOrder{}, time.Time{}, 1)
-	if err != nil || len(first) != 1 {
-		t.Fatal(first, err)
-	}
+	db, b, log, first := sweeperPages(t, dbtest.SQLite)
 	for _, page := range []struct {
 		after domain.PendingOrder
 		due   time.Time
-	}{{}, {due: b.clock.Now().Add(time.Hour)}, {after: first[0]}, {after: first[0], due: b.clock.Now().Add(time.Hour)}} {
+	}{{}, {due: b.clock.Now().Add(time.Hour)}, {after: first}, {after: first, due: b.clock.Now().Add(time.Hour)}} {
 		log.got = map[string]string{}
 		if _, err := b.ledger.PendingOrders(ctx, page.after, page.due, 500); err != nil {
 			t.Fatal(err)
@@ -308,6 +298,24 @@ func TestSweeperPagesOnUnanalyzedSQLite(t *testing.T) {
 	}
 }
 
+// sweeperPages makes three PENDING orders on a database of kind k that
+// logs the sweeper's page statements, and reads the first page of one.
+func sweeperPages(t *testing.T, k dbtest.Kind) (*bun.DB, *bundle, *queryLog, domain.PendingOrder) {
+	t.Helper()
+	log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, id"}}
+	db := dbtest.Open(t, k)
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	p := b.product(t, 100, 3)
+	for range 3 {
+		b.order(t, p, 1)
+	}
+	first, err := b.ledger.PendingOrders(context.Background(), domain.PendingOrder{}, time.Time{}, 1)
+	if err != nil || len(first) != 1 {
+		t.Fatal(first, err)
+	}
+	return db, b, log, first[0]
+}
+
 // TestSweeperNextPageSeeks: a sweeper page after the first starts where
 // the last one ended, by an index seek on expires_at, instead of walking
 // the PENDING orders before it (which made a sweep of a large backlog
@@ -317,19 +325,8 @@ func TestSweeperNextPageSeeks(t *testing.T) {
 	for _, k := range []dbtest.Kind{dbtest.SQLite, dbtest.Postgres} {
 		t.Run(string(k), func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, id"}}
-			db := dbtest.Open(t, k)
-			b := setup(t, db.WithQueryHook(log), domain.Config{})
-			p := b.product(t, 100, 3)
-			for range 3 {
-				b.order(t, p, 1)
-			}
-			first, err := b.ledger.PendingOrders(ctx, domain.PendingOrder{}, time.Time{}, 1)
-			if err != nil || len(first) != 1 {
-				t.Fatal(first, err)
-			}
-			next, err := b.ledger.PendingOrders(ctx, first[0], time.Time{}, 500)
+			db, b, log, first := sweeperPages(t, k)
+			next, err := b.ledger.PendingOrders(context.Background(), first, time.Time{}, 500)
 			if err != nil || len(next) != 2 {
 				t.Fatalf("the next page has %d of the 2 other orders: %v", len(next), err)
 			}
