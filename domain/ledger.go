@@ -560,33 +560,19 @@ func flowInsert(tx bun.IDB, now time.Time, flows []StockFlow) writeQuery {
 	if len(flows) > 1 && dialectName(tx) == dialect.PG {
 		// A batch's entries as one array per column (see insertCards):
 		// 500 rows of literals cost PostgreSQL more to plan than to insert.
-		products, orders, types, qtys := flowArrays(flows)
-		return tx.NewRaw(flowFromArraysSQL("?", "?", "?", "?", "?"),
+		// RETURNING 1: a row per entry, as writeAll counts them.
+		products, types, qtys := make([]int64, len(flows)), make([]int64, len(flows)), make([]int64, len(flows))
+		orders := make([]string, len(flows))
+		for i, f := range flows {
+			products[i], orders[i], types[i], qtys[i] = f.ProductID, f.OrderNo, int64(f.ChangeType), int64(f.Quantity)
+		}
+		return tx.NewRaw(`INSERT INTO stock_flow (product_id, order_no, change_type, quantity, created_at)
+			SELECT t.product_id, NULLIF(t.order_no, ''), t.change_type, t.quantity, ?
+			FROM unnest(?::bigint[], ?::text[], ?::smallint[], ?::int[]) WITH ORDINALITY AS t(product_id, order_no, change_type, quantity, n) ORDER BY t.n
+			RETURNING 1`,
 			now, pgdialect.Array(products), pgdialect.Array(orders), pgdialect.Array(types), pgdialect.Array(qtys))
 	}
 	return tx.NewInsert().Model(&flows)
-}
-
-// flowArrays are journal entries as one array per column, for
-// flowFromArraysSQL.
-func flowArrays(flows []StockFlow) (products []int64, orders []string, types, qtys []int64) {
-	products, types, qtys = make([]int64, len(flows)), make([]int64, len(flows)), make([]int64, len(flows))
-	orders = make([]string, len(flows))
-	for i, f := range flows {
-		products[i], orders[i], types[i], qtys[i] = f.ProductID, f.OrderNo, int64(f.ChangeType), int64(f.Quantity)
-	}
-	return products, orders, types, qtys
-}
-
-// flowFromArraysSQL is the PostgreSQL INSERT of journal entries from one
-// array per column (flowArrays), written at now, in the arrays' order,
-// each argument given as its placeholder. RETURNING 1: a row per entry,
-// as writeAll counts them.
-func flowFromArraysSQL(now, products, orders, types, qtys string) string {
-	return `INSERT INTO stock_flow (product_id, order_no, change_type, quantity, created_at)
-			SELECT t.product_id, NULLIF(t.order_no, ''), t.change_type, t.quantity, ` + now + `
-			FROM unnest(` + products + `::bigint[], ` + orders + `::text[], ` + types + `::smallint[], ` + qtys + `::int[]) WITH ORDINALITY AS t(product_id, order_no, change_type, quantity, n) ORDER BY t.n
-			RETURNING 1`
 }
 
 func audit(ctx context.Context, tx bun.IDB, now time.Time, actor, action, target, detail string) error {

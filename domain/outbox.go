@@ -79,34 +79,19 @@ func eventsInsert(tx bun.IDB, now time.Time, evs []Event) writeQuery {
 	}
 	if len(evs) > 1 && dialectName(tx) == dialect.PG {
 		// A batch's events as one array per column, as flowInsert does;
-		// ids are given in the arrays' order.
-		types, subjects, payloads := eventArrays(evs)
-		return tx.NewRaw(eventsFromArraysSQL("?", "?", "?", "?"),
+		// ids are given in the arrays' order. RETURNING 1 as writeAll
+		// counts.
+		types, subjects, payloads := make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
+		for i, e := range evs {
+			types[i], subjects[i], payloads[i] = string(e.Type), e.Subject, e.Payload
+		}
+		return tx.NewRaw(`INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
+			SELECT t.type, t.subject, ?, t.payload, FALSE
+			FROM unnest(?::text[], ?::text[], ?::text[]) WITH ORDINALITY AS t(type, subject, payload, n) ORDER BY t.n
+			RETURNING 1`,
 			now, pgdialect.Array(types), pgdialect.Array(subjects), pgdialect.Array(payloads))
 	}
 	return tx.NewInsert().Model(&evs).Returning("NULL")
-}
-
-// eventArrays are events as one array per column, for eventsFromArraysSQL;
-// each subject is cut to the column's 64 characters, in evs too.
-func eventArrays(evs []Event) (types, subjects, payloads []string) {
-	types, subjects, payloads = make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
-	for i := range evs {
-		evs[i].Subject = truncate(evs[i].Subject, 64)
-		types[i], subjects[i], payloads[i] = string(evs[i].Type), evs[i].Subject, evs[i].Payload
-	}
-	return types, subjects, payloads
-}
-
-// eventsFromArraysSQL is the PostgreSQL INSERT of events from one array
-// per column (eventArrays), occurred at now, not fanned out, their ids
-// given in the arrays' order, each argument given as its placeholder.
-// RETURNING 1 as writeAll counts.
-func eventsFromArraysSQL(now, types, subjects, payloads string) string {
-	return `INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
-			SELECT t.type, t.subject, ` + now + `, t.payload, FALSE
-			FROM unnest(` + types + `::text[], ` + subjects + `::text[], ` + payloads + `::text[]) WITH ORDINALITY AS t(type, subject, payload, n) ORDER BY t.n
-			RETURNING 1`
 }
 
 // newEvent builds an event about subject with object as its payload.
