@@ -111,6 +111,7 @@ type options struct {
 	profileFor                     time.Duration
 	pgbenchFor                     time.Duration
 	subscriptions, drain           int
+	closeFloor                     int
 	loadClient                     string
 }
 
@@ -158,6 +159,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.pgbenchFor, "pgbench", 10*time.Second, "run pgbench -N (16 clients) this long on a scratch database of -pg first, as the baseline (when pgbench is installed and the tool makes the database); 0: skip")
 	fs.IntVar(&o.subscriptions, "subscriptions", 1000, "orderStatusChanged subscriptions to open on pending orders after the direct phase, for the server's memory per 1,000; 0: skip")
 	fs.IntVar(&o.drain, "drain", 20000, "orders that fall due while the started server is stopped; it is then restarted and its drain of the backlog measured; 0: skip")
+	fs.IntVar(&o.closeFloor, "close-floor", 100000, "closes per index set for the close floor (the close's own row writes on scratch copies of kami's tables, see floor.go), when the tool makes the database; 0: skip")
 	fs.StringVar(&o.loadClient, "load-client", loadWire, "the place phase's HTTP client: wire (one keep-alive connection per worker, HTTP/1.1 written directly: the load costs the shared cores less) or net/http (Go's client, as before)")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the run after the build")
 	if err := fs.Parse(args); err != nil {
@@ -183,6 +185,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-subscriptions: want 0 to 100000")
 	case o.drain < 0 || o.drain > 2_000_000:
 		return nil, fmt.Errorf("-drain: want 0 to 2000000")
+	case o.closeFloor < 0 || o.closeFloor > 2_000_000:
+		return nil, fmt.Errorf("-close-floor: want 0 to 2000000")
 	case o.directOrders < 0 || o.directOrders > 2_000_000:
 		return nil, fmt.Errorf("-direct-orders: want 0 to 2000000")
 	case o.loadClient != loadWire && o.loadClient != loadNetHTTP:
@@ -548,6 +552,11 @@ func run(ctx context.Context, o *options) (code int) {
 		if rep.Process.LogWarnings+rep.Process.LogErrors > 0 {
 			rep.Process.LogTail = srv.log.Tail()
 		}
+	}
+	// The close floor: with kami stopped, on scratch tables.
+	if db != nil && o.db == "" && o.closeFloor > 0 && runCtx.Err() == nil {
+		progress("close floor: %d closes for each of %d index sets", o.closeFloor, len(floorVariants))
+		rep.Floor = runFloor(runCtx, db, o.closeFloor, runtime.NumCPU())
 	}
 	if ledger != nil {
 		actx, acancel := context.WithTimeout(ctx, 2*time.Minute)

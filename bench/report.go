@@ -114,6 +114,7 @@ type Report struct {
 	Pgbench       *PgbenchReport       `json:"pgbench,omitempty"`
 	Subscriptions *SubscriptionsReport `json:"subscriptions,omitempty"`
 	Drain         *DrainReport         `json:"drain,omitempty"`
+	Floor         *FloorReport         `json:"close_floor,omitempty"`
 	Notes         []string             `json:"notes,omitempty"`
 }
 
@@ -433,6 +434,24 @@ func (r *Report) Write(w io.Writer) {
 			line += fmt.Sprintf("; %.2f× pgbench ≥ %d×: %s", d.ClosesPerSec/b.TPS, targetDrainPgbench, metOrNot(d.ClosesPerSec/b.TPS >= targetDrainPgbench))
 		}
 		p("%s", line)
+	}
+	if f := r.Floor; f != nil {
+		p("close floor  a close's own rows (order CLOSED, card RECYCLED, a journal row, an event) on scratch copies of kami's tables,")
+		p("             %d orders to a transaction, %d sessions, %d closes per index set; no look-up, lock, check or kami", floorBatch, f.Sessions, f.Closes)
+		for _, v := range f.Variants {
+			if v.Error != "" {
+				p("  %-34s failed: %s", v.Name, v.Error)
+				continue
+			}
+			line := fmt.Sprintf("  %-34s %2d indexes %7.0f closes/s", v.Name, v.Indexes, v.ClosesPerSec)
+			if b := r.Pgbench; b != nil && b.TPS > 0 {
+				line += fmt.Sprintf(" = %5.2f× pgbench", v.ClosesPerSec/b.TPS)
+			}
+			p("%s; HOT updates %.0f%%", line, 100*v.HOTShare)
+		}
+		if d := r.Drain; d != nil && len(f.Variants) > 0 && f.Variants[0].ClosesPerSec > 0 {
+			p("  kami's drain %.0f closes/s = %.2f of the floor of its own indexes", d.ClosesPerSec, d.ClosesPerSec/f.Variants[0].ClosesPerSec)
+		}
 	}
 	for _, n := range r.Notes {
 		p("note: %s", n)

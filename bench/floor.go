@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/uptrace/bun"
+)
+
+// The close floor: what the rows a close writes cost PostgreSQL by
+// themselves, on this machine, in the same run as the drain and pgbench.
+// A close of an unpaid order writes four rows: the order becomes CLOSED,
+// its card RECYCLED, and a stock journal row and an event are inserted.
+// The phase copies the four tables (columns, defaults, checks, and the
+// indexes of the variant) into scratch tables of the bench's database,
+// fills them with -close-floor PENDING orders and their LOCKED cards, and
+// writes exactly those four rows per order from as many sessions as the
+// machine has cores, 500 orders to a transaction, each order once: no
+// look-up by order number, no row lock before the update, no pre-close
+// check, no kami. Three index sets:
+//
+//   - kami's: every index the migrations gave the table;
+//   - without status: the indexes that name neither status nor, in their
+//     condition, status, with fillfactor 50 on orders and cards, so that an
+//     update that changes no indexed column can stay on its page (a HOT
+//     update, which writes no index entry);
+//   - primary keys only.
+//
+// kami's drain over its floor is what kami's close path (the look-ups,
+// locks, pre-close check, fan-out and the process itself on the same
+// cores) leaves of the writes; the floors against each other are what
+// the indexes cost.
+
+// FloorReport is the close floor of one run.
+type FloorReport struct {
+	Closes   int            `json:"closes"`
+	Sessions int            `json:"sessions"`
+	Variants []FloorVariant `json:"variants"`
+}
+
+// FloorVariant is one index set's floor.
+type FloorVariant struct {
+	Name         string  `json:"name"`
+	Indexes      int     `json:"indexes"` // on the four tables, primary keys included
+	ClosesPerSec float64 `json:"closes_per_sec"`
+	// HOTShare is the share of the orders' and cards' updates that were
+	// HOT (wrote no index entry), from pg_stat_user_tables.
+	HOTShare float64 `json:"hot_share"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// floorTables are the tables a close writes, and the scratch copy of each.
+var floorTables = [][2]string{{"orders", "floor_orders"}, {"card_stock", "floor_cards"}, {"stock_flow", "floor_flow"}, {"events", "floor_events"}}
+
+type floorVariant struct {
+	name       string
+	keep       func(primary, namesStatus bool) bool
+	fillfactor int // on orders and cards; 0: the default (100)
+}
+
+var floorVariants = []floorVariant{
+	{name: "kami's indexes", keep: func(bool, bool) bool { return true }},
+	{name: "status in no index, fillfactor 50", keep: func(_, namesStatus bool) bool { return !namesStatus }, fillfactor: 50},
+	{name: "primary keys only", keep: func(primary, _ bool) bool { return primary }},
+}
+
+// floorBatch is a close batch's size in kami (Shop.CloseOrders).
+const floorBatch = 500
+
+// runFloor measures the three floors with n closes each, from sessions
+// sessions.
+func runFloor(ctx context.Context, db *bun.DB, n, sessions int) *FloorReport {
+	rep := &FloorReport{Closes: n, Sessions: sessions}
+	for _, v := range floorVariants {
+		fv := FloorVariant{Name: v.name}
+		if err := floorRun(ctx, db, v, n, sessions, &fv); err != nil {
+			fv.Error = err.Error()
+		}
+		rep.Variants = append(rep.Variants, fv)
+	}
+	if err := floorDrop(context.WithoutCancel(ctx), db); err != nil {
+		progress("close floor: dropping its tables: %v", err)
+	}
+	return rep
+}
+
+func floorDrop(ctx context.Context, db *bun.DB) error {
+	names := make([]string, len(floorTables))
+	for i, t := range floorTables {
+		names[i] = t[1]
+	}
+	_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", "))
+	return err
+}
+
+// indexDef matches pg_get_indexdef's "CREATE [UNIQUE] INDEX name ON
+// schema.table USING".
+var indexDef = regexp.MustCompile(`^CREATE (UNIQUE )?INDEX (\S+) ON (\S+) USING `)
+
+func floorRun(ctx context.Context, db *bun.DB, v floorVariant, n, sessions int, out *FloorVariant) error {
+	if err := floorDrop(ctx, db); err != nil {
+		return err
+	}
+	for _, t := range floorTables {
+		with := ""
+		if v.fillfactor > 0 && (t[0] == "orders" || t[0] == "card_stock") {
+			with = fmt.Sprintf(" WITH (fillfactor = %d)", v.fillfactor)
+		}
+		if _, err := db.ExecContext(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY)%s", t[1], t[0], with)); err != nil {
+			return err
+		}
+		var idx []struct {
+			Def         string `bun:"def"`
+			Primary     bool   `bun:"primary"`
+			NamesStatus bool   `bun:"names_status"`
+		}
+		if err := db.NewRaw(`SELECT pg_get_indexdef(i.indexrelid) AS def, i.indisprimary AS primary,
+				coalesce((SELECT bool_or(a.attname = 'status') FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)), false)
+				OR coalesce(pg_get_expr(i.indpred, i.indrelid) LIKE '%status%', false) AS names_status
+			FROM pg_index i WHERE i.indrelid = ?::regclass ORDER BY i.indexrelid`, t[0]).Scan(ctx, &idx); err != nil {
+			return err
+		}
+		for _, ix := range idx {
+			if !v.keep(ix.Primary, ix.NamesStatus) {
+				continue
+			}
+			m := indexDef.FindStringSubmatchIndex(ix.Def)
+			if m == nil {
+				return fmt.Errorf("unexpected index definition %q", ix.Def)
+			}
+			def := ix.Def[:m[4]] + "floor_" + ix.Def[m[4]:m[5]] + " ON " + t[1] + ix.Def[m[7]:]
+			if _, err := db.ExecContext(ctx, def); err != nil {
+				return fmt.Errorf("%s: %w", def, err)
+			}
+			out.Indexes++
+		}
+	}
+	// n PENDING orders and a LOCKED card each, as a drain finds them.
+	fill := []string{
+		fmt.Sprintf(`INSERT INTO floor_orders (id, order_no, product_id, quantity, unit_price_fen, amount_fen, contact, client_addr,
+			provider, status, access_token_hash, paid_fen, expires_at, created_at, updated_at)
+		SELECT g, '2612' || lpad(g::text, 16, '0'), 1, 1, 100, 100, 'buyer-' || g || '@floor.test', '127.0.0.1', 'sandbox', 'PENDING',
+			md5(g::text) || md5(g::text), 0, now() - interval '1 minute', now() - interval '2 minutes', now() - interval '2 minutes'
+		FROM generate_series(1, %d) g`, n),
+		fmt.Sprintf(`INSERT INTO floor_cards (id, product_id, batch_id, code_enc, code_hash, status, order_no, locked_at, created_at, updated_at)
+		SELECT g, 1, 1, decode(md5(g::text) || md5(g::text) || md5(g::text), 'hex'), md5(g::text) || md5((-g)::text), 'LOCKED',
+			'2612' || lpad(g::text, 16, '0'), now() - interval '2 minutes', now() - interval '1 hour', now() - interval '2 minutes'
+		FROM generate_series(1, %d) g`, n),
+		"VACUUM ANALYZE floor_orders", "VACUUM ANALYZE floor_cards",
+	}
+	for _, q := range fill {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	per := (n + sessions - 1) / sessions
+	errs := make([]error, sessions)
+	var hot, upd atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for a := 1 + s*per; a <= min(n, (s+1)*per) && errs[s] == nil; a += floorBatch {
+				h, u, err := floorClose(ctx, db, a, min(a+floorBatch-1, n, (s+1)*per))
+				hot.Add(h)
+				upd.Add(u)
+				errs[s] = err
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	out.ClosesPerSec = rate(n, wall)
+	if upd.Load() > 0 {
+		out.HOTShare = float64(hot.Load()) / float64(upd.Load())
+	}
+	return nil
+}
+
+// floorClose writes the four rows of each order a to b in one
+// transaction: the order CLOSED, its card RECYCLED, a journal row and an
+// event (with a payload of the size kami writes). It returns how many of
+// the transaction's order and card updates were HOT, and how many there
+// were (the transaction's own statistics, read before its COMMIT).
+func floorClose(ctx context.Context, db *bun.DB, a, b int) (hot, upd int64, err error) {
+	err = db.RunInTx(ctx, &sql.TxOptions{}, func(ctx context.Context, tx bun.Tx) error {
+		for _, q := range []string{
+			`UPDATE floor_orders SET status = 'CLOSED', updated_at = now(), closed_at = now() WHERE id BETWEEN ? AND ? AND status = 'PENDING'`,
+			`UPDATE floor_cards SET status = 'RECYCLED', updated_at = now() WHERE id BETWEEN ? AND ? AND status = 'LOCKED'`,
+			`INSERT INTO floor_flow (product_id, order_no, change_type, quantity, created_at)
+			SELECT 1, '2612' || lpad(g::text, 16, '0'), 3, 1, now() FROM generate_series(?::bigint, ?::bigint) g`,
+			`INSERT INTO floor_events (type, subject, occurred_at, payload, fanned_out)
+			SELECT 'order.closed', '2612' || lpad(g::text, 16, '0'), now(), json_build_object('orderNo', '2612' || lpad(g::text, 16, '0'),
+				'status', 'CLOSED', 'productId', '1', 'quantity', 1, 'amount', '1.00', 'contact', 'buyer-' || g || '@floor.test',
+				'provider', 'sandbox', 'expiresAt', now(), 'createdAt', now(), 'paidAt', NULL, 'closedAt', now(), 'refundedAt', NULL, 'tradeNo', NULL)::text,
+				FALSE FROM generate_series(?::bigint, ?::bigint) g`,
+		} {
+			res, err := tx.ExecContext(ctx, q, a, b)
+			if err != nil {
+				return err
+			}
+			if got, err := res.RowsAffected(); err != nil || got != int64(b-a+1) {
+				return fmt.Errorf("close floor: %d rows of %d written (%v): %.60s", got, b-a+1, err, q)
+			}
+		}
+		return tx.NewRaw(`SELECT pg_stat_get_xact_tuples_hot_updated('floor_orders'::regclass) + pg_stat_get_xact_tuples_hot_updated('floor_cards'::regclass),
+			pg_stat_get_xact_tuples_updated('floor_orders'::regclass) + pg_stat_get_xact_tuples_updated('floor_cards'::regclass)`).Scan(ctx, &hot, &upd)
+	})
+	return hot, upd, err
+}
