@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+
+	"kami/domain"
 )
 
 // The close floor: what the rows a close writes cost PostgreSQL by
@@ -42,6 +44,11 @@ type FloorReport struct {
 	Closes   int            `json:"closes"`
 	Sessions int            `json:"sessions"`
 	Variants []FloorVariant `json:"variants"`
+	// Ledger is kami's own close transaction (Ledger.CloseOrders) on as
+	// many orders placed directly, from the same sessions, 500 a batch:
+	// the floor's writes plus kami's look-ups, row locks, card read and
+	// events, without the pre-close check, Redis or the server.
+	Ledger *FloorVariant `json:"ledger,omitempty"`
 }
 
 // FloorVariant is one index set's floor.
@@ -50,9 +57,15 @@ type FloorVariant struct {
 	Indexes      int     `json:"indexes"` // on the four tables, primary keys included
 	ClosesPerSec float64 `json:"closes_per_sec"`
 	// HOTShare is the share of the orders' and cards' updates that were
-	// HOT (wrote no index entry), from pg_stat_user_tables.
+	// HOT (wrote no index entry), by the transactions' own statistics.
 	HOTShare float64 `json:"hot_share"`
-	Error    string  `json:"error,omitempty"`
+	// CPU is the machine's while the closes ran; PostgresPerClose and
+	// BenchPerClose are µs of CPU per close of the database's sessions and
+	// of this process (kami's ledger, for Ledger).
+	CPU              CPUUse  `json:"cpu"`
+	PostgresPerClose float64 `json:"postgres_us_per_close"`
+	BenchPerClose    float64 `json:"bench_us_per_close"`
+	Error            string  `json:"error,omitempty"`
 }
 
 // floorTables are the tables a close writes, and the scratch copy of each.
@@ -75,11 +88,11 @@ const floorBatch = 500
 
 // runFloor measures the three floors with n closes each, from sessions
 // sessions.
-func runFloor(ctx context.Context, db *bun.DB, n, sessions int) *FloorReport {
+func runFloor(ctx context.Context, db *bun.DB, probe cpuProbe, runID string, n, sessions int) *FloorReport {
 	rep := &FloorReport{Closes: n, Sessions: sessions}
 	for _, v := range floorVariants {
 		fv := FloorVariant{Name: v.name}
-		if err := floorRun(ctx, db, v, n, sessions, &fv); err != nil {
+		if err := floorRun(ctx, db, probe, v, n, sessions, &fv); err != nil {
 			fv.Error = err.Error()
 		}
 		rep.Variants = append(rep.Variants, fv)
@@ -87,7 +100,96 @@ func runFloor(ctx context.Context, db *bun.DB, n, sessions int) *FloorReport {
 	if err := floorDrop(context.WithoutCancel(ctx), db); err != nil {
 		progress("close floor: dropping its tables: %v", err)
 	}
+	rep.Ledger = &FloorVariant{Name: "kami's close (Ledger.CloseOrders)"}
+	if err := ledgerClose(ctx, db, probe, runID, n, sessions, rep.Ledger); err != nil {
+		rep.Ledger.Error = err.Error()
+	}
 	return rep
+}
+
+// ledgerClose places n orders directly with a TTL of one second, waits
+// until all are due, and closes them through the ledger from sessions
+// sessions, each its share of the order numbers in order, floorBatch to a
+// call, as the drain's close workers would without the pre-close check.
+func ledgerClose(ctx context.Context, db *bun.DB, probe cpuProbe, runID string, n, sessions int, out *FloorVariant) error {
+	ledger, err := directLedger(db, time.Second)
+	if err != nil {
+		return err
+	}
+	if d, _, err := runDirect(ctx, ledger, runID+"-floor", n, 64, cpuProbe{}, nil); err != nil {
+		return err
+	} else if d.OK != n {
+		return fmt.Errorf("placed %d of %d orders: %v", d.OK, n, d.Errors)
+	}
+	var due []struct {
+		OrderNo   string    `bun:"order_no"`
+		ExpiresAt time.Time `bun:"expires_at"`
+	}
+	if err := db.NewSelect().Table("orders").Column("order_no", "expires_at").
+		Where("product_id = (SELECT id FROM products WHERE name = ?)", "bench-direct-"+runID+"-floor").
+		Where("status = ?", domain.OrderPending).Order("order_no").Scan(ctx, &due); err != nil {
+		return err
+	}
+	if len(due) != n {
+		return fmt.Errorf("%d of %d orders pending", len(due), n)
+	}
+	last := time.Time{}
+	for _, o := range due {
+		if o.ExpiresAt.After(last) {
+			last = o.ExpiresAt
+		}
+	}
+	if err := ledger.SyncClock(ctx); err != nil {
+		return err
+	}
+	for ledger.DBTime().Before(last.Add(100 * time.Millisecond)) { // all due by the database's clock
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	per := (n + sessions - 1) / sessions
+	closed := make([]int, sessions)
+	errs := make([]error, sessions)
+	var wg sync.WaitGroup
+	cpu0 := probe.take()
+	start := time.Now()
+	for s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := due[min(n, s*per):min(n, (s+1)*per)]
+			for i := 0; i < len(mine) && errs[s] == nil; i += floorBatch {
+				nos := make([]string, 0, floorBatch)
+				for _, o := range mine[i:min(i+floorBatch, len(mine))] {
+					nos = append(nos, o.OrderNo)
+				}
+				rs, err := ledger.CloseOrders(ctx, nos, domain.CloseTimeout)
+				for _, r := range rs {
+					if r.Outcome == domain.Closed {
+						closed[s]++
+					}
+				}
+				errs[s] = err
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	out.measured(cpuUse(cpu0, probe.take()), wall, n)
+	total := 0
+	for s := range sessions {
+		if errs[s] != nil {
+			return errs[s]
+		}
+		total += closed[s]
+	}
+	if total != n {
+		return fmt.Errorf("closed %d of %d", total, n)
+	}
+	out.ClosesPerSec = rate(n, wall)
+	return nil
 }
 
 func floorDrop(ctx context.Context, db *bun.DB) error {
@@ -103,7 +205,7 @@ func floorDrop(ctx context.Context, db *bun.DB) error {
 // schema.table USING".
 var indexDef = regexp.MustCompile(`^CREATE (UNIQUE )?INDEX (\S+) ON (\S+) USING `)
 
-func floorRun(ctx context.Context, db *bun.DB, v floorVariant, n, sessions int, out *FloorVariant) error {
+func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n, sessions int, out *FloorVariant) error {
 	if err := floorDrop(ctx, db); err != nil {
 		return err
 	}
@@ -163,6 +265,7 @@ func floorRun(ctx context.Context, db *bun.DB, v floorVariant, n, sessions int, 
 	errs := make([]error, sessions)
 	var hot, upd atomic.Int64
 	var wg sync.WaitGroup
+	cpu0 := probe.take()
 	start := time.Now()
 	for s := range sessions {
 		wg.Add(1)
@@ -178,6 +281,7 @@ func floorRun(ctx context.Context, db *bun.DB, v floorVariant, n, sessions int, 
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	out.measured(cpuUse(cpu0, probe.take()), wall, n)
 	for _, err := range errs {
 		if err != nil {
 			return err
@@ -220,4 +324,11 @@ func floorClose(ctx context.Context, db *bun.DB, a, b int) (hot, upd int64, err 
 			pg_stat_get_xact_tuples_updated('floor_orders'::regclass) + pg_stat_get_xact_tuples_updated('floor_cards'::regclass)`).Scan(ctx, &hot, &upd)
 	})
 	return hot, upd, err
+}
+
+// measured records the machine's CPU over the wall time of n closes.
+func (v *FloorVariant) measured(u CPUUse, wall time.Duration, n int) {
+	v.CPU = u
+	perClose := func(cores float64) float64 { return cores * wall.Seconds() / float64(n) * 1e6 }
+	v.PostgresPerClose, v.BenchPerClose = perClose(u.PostgresDB), perClose(u.Bench)
 }

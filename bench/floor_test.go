@@ -46,7 +46,7 @@ func TestCloseFloorWritesACloseRows(t *testing.T) {
 	}
 	for i, v := range floorVariants {
 		var fv FloorVariant
-		if err := floorRun(ctx, db, v, n, 2, &fv); err != nil {
+		if err := floorRun(ctx, db, cpuProbe{}, v, n, 2, &fv); err != nil {
 			t.Fatalf("%s: %v", v.name, err)
 		}
 		if fv.Indexes != want[v.name] || indexesOf(floorNames, "true") != want[v.name] {

@@ -556,7 +556,7 @@ func run(ctx context.Context, o *options) (code int) {
 	// The close floor: with kami stopped, on scratch tables.
 	if db != nil && o.db == "" && o.closeFloor > 0 && runCtx.Err() == nil {
 		progress("close floor: %d closes for each of %d index sets", o.closeFloor, len(floorVariants))
-		rep.Floor = runFloor(runCtx, db, o.closeFloor, runtime.NumCPU())
+		rep.Floor = runFloor(runCtx, db, cpuProbe{dbName: dbNameOf(dbURL)}, runID, o.closeFloor, runtime.NumCPU())
 	}
 	if ledger != nil {
 		actx, acancel := context.WithTimeout(ctx, 2*time.Minute)

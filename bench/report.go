@@ -447,10 +447,23 @@ func (r *Report) Write(w io.Writer) {
 			if b := r.Pgbench; b != nil && b.TPS > 0 {
 				line += fmt.Sprintf(" = %5.2f× pgbench", v.ClosesPerSec/b.TPS)
 			}
-			p("%s; HOT updates %.0f%%", line, 100*v.HOTShare)
+			p("%s; HOT updates %.0f%%; PostgreSQL %.0f µs a close", line, 100*v.HOTShare, v.PostgresPerClose)
 		}
-		if d := r.Drain; d != nil && len(f.Variants) > 0 && f.Variants[0].ClosesPerSec > 0 {
-			p("  kami's drain %.0f closes/s = %.2f of the floor of its own indexes", d.ClosesPerSec, d.ClosesPerSec/f.Variants[0].ClosesPerSec)
+		floor := 0.0
+		if len(f.Variants) > 0 {
+			floor = f.Variants[0].ClosesPerSec
+		}
+		if l := f.Ledger; l != nil {
+			if l.Error != "" {
+				p("  %-34s failed: %s", l.Name, l.Error)
+			} else if floor > 0 {
+				p("  %-34s           %7.0f closes/s = %.2f of the floor of kami's indexes; PostgreSQL %.0f µs, kami's ledger %.0f µs a close", l.Name, l.ClosesPerSec, l.ClosesPerSec/floor, l.PostgresPerClose, l.BenchPerClose)
+				p("                                     (its look-ups, row locks, card read and events; no pre-close check, Redis or server)")
+			}
+		}
+		if d := r.Drain; d != nil && floor > 0 {
+			p("  kami's drain (the server, above)             %7.0f closes/s = %.2f of the floor of kami's indexes; PostgreSQL %.0f µs, kami %.0f µs a close",
+				d.ClosesPerSec, d.ClosesPerSec/floor, d.CPU.PostgresDB*d.WindowSeconds/float64(max(1, d.Orders))*1e6, d.CPU.Server*d.WindowSeconds/float64(max(1, d.Orders))*1e6)
 		}
 	}
 	for _, n := range r.Notes {
