@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -149,47 +150,24 @@ func ledgerClose(ctx context.Context, db *bun.DB, probe cpuProbe, runID string, 
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	per := (n + sessions - 1) / sessions
-	closed := make([]int, sessions)
-	errs := make([]error, sessions)
-	var wg sync.WaitGroup
-	cpu0 := probe.take()
-	start := time.Now()
-	for s := range sessions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine := due[min(n, s*per):min(n, (s+1)*per)]
-			for i := 0; i < len(mine) && errs[s] == nil; i += floorBatch {
-				nos := make([]string, 0, floorBatch)
-				for _, o := range mine[i:min(i+floorBatch, len(mine))] {
-					nos = append(nos, o.OrderNo)
-				}
-				rs, err := ledger.CloseOrders(ctx, nos, domain.CloseTimeout)
-				for _, r := range rs {
-					if r.Outcome == domain.Closed {
-						closed[s]++
-					}
-				}
-				errs[s] = err
-			}
-		}()
-	}
-	wg.Wait()
-	wall := time.Since(start)
-	out.measured(cpuUse(cpu0, probe.take()), wall, n)
-	total := 0
-	for s := range sessions {
-		if errs[s] != nil {
-			return errs[s]
+	var closed atomic.Int64
+	err = closeInSessions(probe, n, sessions, out, func(lo, hi int) error {
+		nos := make([]string, 0, hi-lo)
+		for _, o := range due[lo:hi] {
+			nos = append(nos, o.OrderNo)
 		}
-		total += closed[s]
+		rs, err := ledger.CloseOrders(ctx, nos, domain.CloseTimeout)
+		for _, r := range rs {
+			if r.Outcome == domain.Closed {
+				closed.Add(1)
+			}
+		}
+		return err
+	})
+	if err == nil && closed.Load() != int64(n) {
+		err = fmt.Errorf("closed %d of %d", closed.Load(), n)
 	}
-	if total != n {
-		return fmt.Errorf("closed %d of %d", total, n)
-	}
-	out.ClosesPerSec = rate(n, wall)
-	return nil
+	return err
 }
 
 func floorDrop(ctx context.Context, db *bun.DB) error {
@@ -261,33 +239,15 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 			return err
 		}
 	}
-	per := (n + sessions - 1) / sessions
-	errs := make([]error, sessions)
 	var hot, upd atomic.Int64
-	var wg sync.WaitGroup
-	cpu0 := probe.take()
-	start := time.Now()
-	for s := range sessions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for a := 1 + s*per; a <= min(n, (s+1)*per) && errs[s] == nil; a += floorBatch {
-				h, u, err := floorClose(ctx, db, a, min(a+floorBatch-1, n, (s+1)*per))
-				hot.Add(h)
-				upd.Add(u)
-				errs[s] = err
-			}
-		}()
+	if err := closeInSessions(probe, n, sessions, out, func(lo, hi int) error {
+		h, u, err := floorClose(ctx, db, lo+1, hi)
+		hot.Add(h)
+		upd.Add(u)
+		return err
+	}); err != nil {
+		return err
 	}
-	wg.Wait()
-	wall := time.Since(start)
-	out.measured(cpuUse(cpu0, probe.take()), wall, n)
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	out.ClosesPerSec = rate(n, wall)
 	if upd.Load() > 0 {
 		out.HOTShare = float64(hot.Load()) / float64(upd.Load())
 	}
@@ -326,9 +286,34 @@ func floorClose(ctx context.Context, db *bun.DB, a, b int) (hot, upd int64, err 
 	return hot, upd, err
 }
 
-// measured records the machine's CPU over the wall time of n closes.
-func (v *FloorVariant) measured(u CPUUse, wall time.Duration, n int) {
-	v.CPU = u
+// closeInSessions closes the orders 0 to n-1 from sessions sessions at
+// once, each its own share in order, floorBatch to a call of closeBatch
+// (the orders lo to hi-1), and records in out the closes per second and
+// the machine's CPU over them. It returns the first error of a session,
+// which stops that session.
+func closeInSessions(probe cpuProbe, n, sessions int, out *FloorVariant, closeBatch func(lo, hi int) error) error {
+	per := (n + sessions - 1) / sessions
+	errs := make([]error, sessions)
+	var wg sync.WaitGroup
+	cpu0 := probe.take()
+	start := time.Now()
+	for s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for lo := s * per; lo < min(n, (s+1)*per) && errs[s] == nil; lo += floorBatch {
+				errs[s] = closeBatch(lo, min(lo+floorBatch, n, (s+1)*per))
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	u := cpuUse(cpu0, probe.take())
 	perClose := func(cores float64) float64 { return cores * wall.Seconds() / float64(n) * 1e6 }
-	v.PostgresPerClose, v.BenchPerClose = perClose(u.PostgresDB), perClose(u.Bench)
+	out.ClosesPerSec, out.CPU = rate(n, wall), u
+	out.PostgresPerClose, out.BenchPerClose = perClose(u.PostgresDB), perClose(u.Bench)
+	return nil
 }
