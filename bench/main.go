@@ -58,7 +58,17 @@
 //     (the pre-close check asks the sandbox about each order), the close
 //     queue's Redis memory per 10,000 pending orders, the server's memory.
 //
-//  6. Check: the server's peak memory (VmHWM from /proc, and the largest
+//  6. Close floor (-close-floor closes per index set, when the tool makes
+//     the database; see floor.go): with kami stopped, the rows a close
+//     writes (order CLOSED, card RECYCLED, a journal row, an event), 500
+//     orders to a transaction, on scratch copies of the four tables with
+//     kami's indexes, with no index that names status (HOT updates), and
+//     with primary keys only; then kami's own close transaction
+//     (Ledger.CloseOrders) on as many orders placed directly. Reported:
+//     closes/s and PostgreSQL's CPU per close for each, and the drain
+//     against them.
+//
+//  7. Check: the server's peak memory (VmHWM from /proc, and the largest
 //     VmRSS sampled during the run), its CPU use while placing, a clean
 //     exit on SIGTERM, and Ledger.Audit over the whole database: a load
 //     test that corrupts the ledger says so, and exits 1.
