@@ -494,8 +494,10 @@ type MailScheduler interface {
 // MailObserver hears each attempt's outcome (metrics).
 type MailObserver interface {
 	// MailAttempted: "sent", "not_sent", "server_refused" (not sent: the
-	// server refused kami itself, before any message), "refused",
-	// "uncertain".
+	// server refused kami itself, before any message), "unreachable" (not
+	// sent: no connection, TLS or a reply other than a 5xx before any
+	// message), "refused", "uncertain". server_refused and unreachable
+	// attempts use none of a mail's attempt budget.
 	MailAttempted(outcome string)
 	MailFailed()
 }
@@ -557,8 +559,11 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 	var me *kmail.Error
 	if errors.As(sendErr, &me) {
 		outcome = map[kmail.Outcome]string{kmail.NotSent: "not_sent", kmail.Refused: "refused", kmail.Uncertain: "uncertain"}[me.Outcome]
-		if me.ServerRefused() {
+		switch {
+		case me.ServerRefused():
 			outcome = "server_refused"
+		case me.BeforeMessage:
+			outcome = "unreachable"
 		}
 	} else if sendErr != nil {
 		outcome = "not_sent"

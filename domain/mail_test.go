@@ -667,8 +667,8 @@ func TestMailBudgetCountsOnlyAttemptsThatReachedAMessage(t *testing.T) {
 // TestMailUnreachableServerOutlastsTheBackoff: the shop's SMTP settings
 // name a server kami cannot use (it offers no STARTTLS, which kami
 // requires) for more attempts than the backoff has steps. No message was
-// ever begun: the mail waits, never FAILED, and once the settings are
-// fixed it is sent, one copy.
+// ever begun: the mail waits, never FAILED, each attempt observed as
+// unreachable, and once the settings are fixed it is sent, one copy.
 func TestMailUnreachableServerOutlastsTheBackoff(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
@@ -676,6 +676,8 @@ func TestMailUnreachableServerOutlastsTheBackoff(t *testing.T) {
 		plain := mailtest.StartWithoutTLS(t, always(mailtest.Accept))
 		good := mailtest.Start(t, always(mailtest.Accept))
 		m := mailer(t, b, plain.Config("Test Shop", 10*time.Second))
+		outcomes := &mailOutcomes{}
+		m.Observer = outcomes
 		_, queued := paidWithMail(t, b)
 		for i := 1; i <= len(stepsBackoff)+2; i++ {
 			row := deliver(t, b, m, queued.ID)
@@ -690,6 +692,10 @@ func TestMailUnreachableServerOutlastsTheBackoff(t *testing.T) {
 		m.Sender = mailer(t, b, good.Config("Test Shop", 10*time.Second)).Sender // the settings fixed
 		if row := deliver(t, b, m, queued.ID); row.Status != domain.MailSent || len(good.Received()) != 1 {
 			t.Fatalf("once the settings are fixed: %+v, %d copies", row, len(good.Received()))
+		}
+		want := strings.TrimSpace(strings.Repeat("unreachable ", len(stepsBackoff)+2) + "sent")
+		if got := strings.Join(outcomes.get(), " "); got != want {
+			t.Fatalf("outcomes observed: %s, want %s", got, want)
 		}
 	})
 }
