@@ -35,9 +35,9 @@ var _ domain.MailObserver = (*mailMetrics)(nil)
 func newMailMetrics(reg prometheus.Registerer) *mailMetrics {
 	m := &mailMetrics{
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kami_mail_attempts_total",
-			Help: "Order mail attempts by outcome (sent, not_sent, server_refused: not sent, the SMTP server refused kami before any message, refused, uncertain: the server took the message and its reply was lost)."}, []string{"outcome"}),
+			Help: "Order mail attempts by outcome (sent, not_sent, server_refused: not sent, the SMTP server refused kami before any message, unreachable: not sent, no connection, TLS or a reply other than a 5xx before any message, refused, uncertain: the server took the message and its reply was lost)."}, []string{"outcome"}),
 		failed: prometheus.NewCounter(prometheus.CounterOpts{Name: "kami_mail_failed_total",
-			Help: "Order mails given up (FAILED): refused, out of attempts, or unconfirmed twice."}),
+			Help: "Order mails given up (FAILED): refused, out of attempts at the message, or unconfirmed twice."}),
 	}
 	reg.MustRegister(m.attempts, m.failed)
 	return m

@@ -43,7 +43,7 @@ type Config struct {
 	MaxLockedPerAddress  int               // cards one client address may hold locked in PENDING orders; 0: no cap
 	// Mail: a paid order whose contact is an email address gets its codes
 	// mailed (SMTP is configured; see mail.go). MailBackoff is the wait
-	// before each retry of a mail not delivered; default DefaultMailBackoff.
+	// before each retry of a mail not delivered; empty: DefaultMailBackoff.
 	Mail        bool
 	MailBackoff []time.Duration
 }

@@ -31,11 +31,18 @@ import (
 // sent, so two workers never send one row at once. A failure before the
 // message's end reached the server delivered nothing and is retried with
 // backoff; a 5xx that answers the message (MAIL FROM, RCPT TO, DATA, its
-// end) is final. A 5xx before any message (the greeting, EHLO, AUTH)
-// refuses kami, not this mail: retried like any mail not sent, with one
-// mail_server_refused alert (Mailer). What SMTP cannot tell is an attempt
-// whose whole message was handed over and whose reply was lost (a timeout,
-// a reset, a process killed mid-send): the server may have accepted it.
+// end) is final. An attempt that ended before any message (no
+// connection, TLS, or a reply to the greeting, EHLO, STARTTLS or AUTH:
+// mail.Error.BeforeMessage) is no answer about this mail but about kami,
+// its settings or the server, and every mail gets the same until they are
+// fixed: it is counted apart (unreached) and uses none of the mail's
+// attempt budget, so such a mail never ends FAILED for it; it waits and
+// retries at the backoff's steps, the longest one over and over, until
+// the server takes kami. A 5xx there (the server refuses kami itself)
+// raises one mail_server_refused alert (Mailer). What SMTP cannot tell is
+// an attempt whose whole message was handed over and whose reply was lost
+// (a timeout, a reset, a process killed mid-send): the server may have
+// accepted it.
 // Such an attempt is "uncertain", and a row sends again after at most
 // MaxUncertainMail of them: one row puts at most MaxUncertainMail+1
 // copies in the buyer's mailbox, all with the same Message-ID (derived from
@@ -60,7 +67,8 @@ const (
 const MaxUncertainMail = 1
 
 // DefaultMailBackoff is the wait before each retry of a mail that was not
-// delivered; after the last step the mail is FAILED.
+// delivered; after the last step the mail is FAILED. Attempts that reached
+// no message are counted apart and never use it up (see mailRetry).
 var DefaultMailBackoff = []time.Duration{time.Minute, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour}
 
 // MailActor is the actor of the reveal a mail records.
@@ -80,6 +88,10 @@ type MailSend struct {
 	// Uncertain counts the attempts whose outcome the server did not
 	// confirm either way.
 	Uncertain int `bun:"uncertain"`
+	// Unreached counts the attempts that ended before any message (see
+	// mail.Error.BeforeMessage): they use none of the attempt budget,
+	// which Attempts - Unreached count against.
+	Unreached int `bun:"unreached"`
 	// NextDueAt: when a QUEUED mail is due; for a SENDING one, the
 	// attempt's deadline (past it, its process died). The database's clock.
 	NextDueAt   time.Time `bun:"next_due_at,nullzero"`
@@ -367,8 +379,10 @@ func (l *Ledger) BeginMailAttempt(ctx context.Context, id int64, budget time.Dur
 // FinishMailAttempt records how attempt number attempt of mail id ended
 // (sendErr nil: the server accepted it; else a *mail.Error): SENT; or
 // QUEUED again after the next step of the backoff; or FAILED with the last
-// error and an alert (a refusal, the backoff used up, or a second
-// uncertain attempt). A second report of the same attempt changes nothing.
+// error and an alert (a refusal, the backoff used up by attempts that
+// reached a message, or a second uncertain attempt). An attempt that ended
+// before any message never fails the mail (see mailRetry). A second report
+// of the same attempt changes nothing.
 func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, sendErr error) (*MailSend, error) {
 	var cur *MailSend
 	var alert *Alert
@@ -395,21 +409,26 @@ func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, s
 			out, detail = me.Outcome, me.Error()
 		}
 		detail = truncate(detail, 512)
-		uncertain := m.Uncertain
-		if out == kmail.Uncertain {
+		uncertain, unreached := m.Uncertain, m.Unreached
+		switch {
+		case out == kmail.Uncertain:
 			uncertain++
+		case me != nil && me.BeforeMessage:
+			unreached++
 		}
+		wait, usedUp := l.mailRetry(attempt, unreached, me != nil && me.BeforeMessage)
 		var reason string
 		switch {
 		case out == kmail.Refused:
 			reason = "refused by the mail server"
 		case uncertain > MaxUncertainMail:
 			reason = fmt.Sprintf("%d attempts handed the whole message over and heard no reply: the buyer may well have it; not sent again", uncertain)
-		case attempt > len(l.mailBackoff()):
-			reason = fmt.Sprintf("not delivered after %d attempts", attempt)
+		case usedUp:
+			reason = fmt.Sprintf("not delivered after %d attempts", attempt-unreached)
 		}
+		counts := []column{col("uncertain = ?", uncertain), col("unreached = ?", unreached), col("last_error = ?", detail)}
 		if reason != "" {
-			n, err := apply(ctx, tx, MailGiveUp, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", detail), col("next_due_at = NULL"))
+			n, err := apply(ctx, tx, MailGiveUp, now, byAttempt, append(counts, col("next_due_at = NULL"))...)
 			if err != nil {
 				return err
 			}
@@ -417,9 +436,7 @@ func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, s
 				alert = &Alert{Kind: "mail_failed", Subject: m.OrderNo, Message: fmt.Sprintf("mail %d %s: %s; send it again with resendOrderMail", id, reason, detail)}
 			}
 		} else {
-			wait := l.mailBackoff()[attempt-1]
-			if _, err := apply(ctx, tx, MailRetry, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", detail),
-				col("next_due_at = ?", l.DBTime().Add(wait))); err != nil {
+			if _, err := apply(ctx, tx, MailRetry, now, byAttempt, append(counts, col("next_due_at = ?", l.DBTime().Add(wait)))...); err != nil {
 				return err
 			}
 		}
@@ -436,10 +453,29 @@ func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, s
 }
 
 func (l *Ledger) mailBackoff() []time.Duration {
-	if l.cfg.MailBackoff == nil {
+	if len(l.cfg.MailBackoff) == 0 {
 		return DefaultMailBackoff
 	}
 	return l.cfg.MailBackoff
+}
+
+// mailRetry is the rule for a mail's failed attempt number attempt, of
+// which unreached (this one included) ended before any message: the wait
+// before the next attempt, and whether the backoff is used up (the mail
+// is FAILED). Only attempts that reached a message count against the
+// backoff, step by step; beforeMessage, this attempt reached none: it
+// waits the step its number among those says, the longest step once past
+// the last, and never uses the backoff up.
+func (l *Ledger) mailRetry(attempt, unreached int, beforeMessage bool) (wait time.Duration, usedUp bool) {
+	bo := l.mailBackoff()
+	n := attempt - unreached
+	if beforeMessage {
+		n = unreached
+	}
+	if n > len(bo) {
+		return bo[len(bo)-1], !beforeMessage
+	}
+	return bo[n-1], false
 }
 
 // MailSender sends one mail (mail.Sender).
@@ -458,8 +494,10 @@ type MailScheduler interface {
 // MailObserver hears each attempt's outcome (metrics).
 type MailObserver interface {
 	// MailAttempted: "sent", "not_sent", "server_refused" (not sent: the
-	// server refused kami itself, before any message), "refused",
-	// "uncertain".
+	// server refused kami itself, before any message), "unreachable" (not
+	// sent: no connection, TLS or a reply other than a 5xx before any
+	// message), "refused", "uncertain". server_refused and unreachable
+	// attempts use none of a mail's attempt budget.
 	MailAttempted(outcome string)
 	MailFailed()
 }
@@ -521,8 +559,11 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 	var me *kmail.Error
 	if errors.As(sendErr, &me) {
 		outcome = map[kmail.Outcome]string{kmail.NotSent: "not_sent", kmail.Refused: "refused", kmail.Uncertain: "uncertain"}[me.Outcome]
-		if me.ServerRefused() {
+		switch {
+		case me.ServerRefused():
 			outcome = "server_refused"
+		case me.BeforeMessage:
+			outcome = "unreachable"
 		}
 	} else if sendErr != nil {
 		outcome = "not_sent"

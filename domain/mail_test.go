@@ -2,6 +2,7 @@ package domain_test
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -548,4 +549,170 @@ func (o *mailOutcomes) get() []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return append([]string(nil), o.out...)
+}
+
+// stepsBackoff is a backoff whose steps differ, so a test can tell which
+// one a wait used.
+var stepsBackoff = []time.Duration{time.Minute, 2 * time.Minute, 3 * time.Minute}
+
+// refusingSetup is mailSetup with stepsBackoff and a Mailer that logs in
+// (the test server then asks for AUTH), its server answering each message
+// with answer and each connection before any message with gate.
+func refusingSetup(t *testing.T, db *bun.DB, gate func(int) mailtest.Gate, answer func(int) mailtest.Answer) (*bundle, *mailtest.Server, *domain.Mailer, *mailOutcomes) {
+	t.Helper()
+	b := setup(t, db, domain.Config{Mail: true, MailBackoff: stepsBackoff})
+	srv := mailtest.Start(t, answer)
+	srv.SetGate(gate)
+	cfg := srv.Config("Test Shop", 10*time.Second)
+	cfg.Server.Username, cfg.Server.Password = "kami", "secret"
+	m := mailer(t, b, cfg)
+	outcomes := &mailOutcomes{}
+	m.Observer = outcomes
+	return b, srv, m, outcomes
+}
+
+// refuseFirst has the server refuse kami's AUTH (535) on its first n
+// connections and let every later one in.
+func refuseFirst(n int) func(int) mailtest.Gate {
+	return func(c int) mailtest.Gate {
+		if c <= n {
+			return mailtest.RefuseAuth
+		}
+		return mailtest.Open
+	}
+}
+
+// waitOut makes the mail's next attempt due: it is not due a second
+// before step (an attempt then reaches no server), and is at step.
+func waitOut(t *testing.T, b *bundle, m *domain.Mailer, srv *mailtest.Server, id int64, step time.Duration) {
+	t.Helper()
+	auths := srv.Auths()
+	b.clock.Advance(step - time.Second)
+	if row := deliver(t, b, m, id); srv.Auths() != auths || row.Status != domain.MailQueued {
+		t.Fatalf("tried before its wait of %v: %+v", step, row)
+	}
+	b.clock.Advance(time.Second)
+}
+
+// TestMailServerRefusalOutlastsTheBackoff: the SMTP server refuses kami's
+// AUTH on more attempts than the backoff has steps (a password wrong for
+// hours), then takes it. Those attempts reached no message: the mail is
+// never FAILED and raises no mail_failed, it waits the backoff's steps and
+// then the longest one over and over, and once the server takes kami it
+// is SENT, one copy. One mail_server_refused alert for the whole episode.
+func TestMailServerRefusalOutlastsTheBackoff(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		refusals := len(stepsBackoff) + 3
+		b, srv, m, outcomes := refusingSetup(t, db, refuseFirst(refusals), always(mailtest.Accept))
+		_, queued := paidWithMail(t, b)
+		for i := 1; i <= refusals; i++ {
+			row := deliver(t, b, m, queued.ID)
+			if row.Status != domain.MailQueued || row.Attempts != i || !strings.Contains(row.LastError, "535") || srv.Auths() != i {
+				t.Fatalf("refusal %d: %+v, %d AUTH", i, row, srv.Auths())
+			}
+			waitOut(t, b, m, srv, queued.ID, stepsBackoff[min(i, len(stepsBackoff))-1])
+		}
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailSent || row.Attempts != refusals+1 || len(srv.Received()) != 1 {
+			t.Fatalf("once the server takes kami: %+v, %d copies", row, len(srv.Received()))
+		}
+		if b.alerts.count("mail_failed") != 0 || b.alerts.count("mail_server_refused") != 1 {
+			t.Fatalf("alerts %v; want one mail_server_refused and no mail_failed", b.alerts.kinds())
+		}
+		want := strings.TrimSpace(strings.Repeat("server_refused ", refusals) + "sent")
+		if got := strings.Join(outcomes.get(), " "); got != want {
+			t.Fatalf("outcomes observed: %s, want %s", got, want)
+		}
+		b.clock.Advance(time.Hour)
+		deliver(t, b, m, queued.ID)
+		if n := len(srv.Received()); n != 1 {
+			t.Fatalf("%d copies, want 1", n)
+		}
+	})
+}
+
+// TestMailBudgetCountsOnlyAttemptsThatReachedAMessage: after AUTH
+// refusals, a server that answers every message 451 still gets the whole
+// backoff of attempts at the message, no more: refusals before any message
+// neither use it up nor stretch it.
+func TestMailBudgetCountsOnlyAttemptsThatReachedAMessage(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		refusals := 2
+		b, srv, m, _ := refusingSetup(t, db, refuseFirst(refusals), always(mailtest.TryLater))
+		_, queued := paidWithMail(t, b)
+		for i := 1; i <= refusals; i++ {
+			if row := deliver(t, b, m, queued.ID); row.Status != domain.MailQueued || !strings.Contains(row.LastError, "535") {
+				t.Fatalf("refusal %d: %+v", i, row)
+			}
+			waitOut(t, b, m, srv, queued.ID, stepsBackoff[i-1])
+		}
+		// The attempts at the message wait the backoff from its first step.
+		for i := 1; i <= len(stepsBackoff); i++ {
+			row := deliver(t, b, m, queued.ID)
+			if row.Status != domain.MailQueued || !strings.Contains(row.LastError, "451") || srv.Attempts() != i {
+				t.Fatalf("attempt %d at the message: %+v", i, row)
+			}
+			waitOut(t, b, m, srv, queued.ID, stepsBackoff[i-1])
+		}
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailFailed || row.Attempts != refusals+len(stepsBackoff)+1 || srv.Attempts() != len(stepsBackoff)+1 ||
+			b.alerts.count("mail_failed") != 1 {
+			t.Fatalf("after the backoff: %+v, %d attempts at the message, alerts %v", row, srv.Attempts(), b.alerts.kinds())
+		}
+	})
+}
+
+// TestMailUnreachableServerOutlastsTheBackoff: the shop's SMTP settings
+// name a server kami cannot use (it offers no STARTTLS, which kami
+// requires) for more attempts than the backoff has steps. No message was
+// ever begun: the mail waits, never FAILED, each attempt observed as
+// unreachable, and once the settings are fixed it is sent, one copy.
+func TestMailUnreachableServerOutlastsTheBackoff(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{Mail: true, MailBackoff: stepsBackoff})
+		plain := mailtest.StartWithoutTLS(t, always(mailtest.Accept))
+		good := mailtest.Start(t, always(mailtest.Accept))
+		m := mailer(t, b, plain.Config("Test Shop", 10*time.Second))
+		outcomes := &mailOutcomes{}
+		m.Observer = outcomes
+		_, queued := paidWithMail(t, b)
+		for i := 1; i <= len(stepsBackoff)+2; i++ {
+			row := deliver(t, b, m, queued.ID)
+			if row.Status != domain.MailQueued || row.Attempts != i || row.LastError == "" {
+				t.Fatalf("attempt %d without TLS: %+v", i, row)
+			}
+			b.clock.Advance(stepsBackoff[len(stepsBackoff)-1])
+		}
+		if plain.Attempts() != 0 || len(b.alerts.kinds()) != 0 {
+			t.Fatalf("%d messages begun without TLS, alerts %v", plain.Attempts(), b.alerts.kinds())
+		}
+		m.Sender = mailer(t, b, good.Config("Test Shop", 10*time.Second)).Sender // the settings fixed
+		if row := deliver(t, b, m, queued.ID); row.Status != domain.MailSent || len(good.Received()) != 1 {
+			t.Fatalf("once the settings are fixed: %+v, %d copies", row, len(good.Received()))
+		}
+		want := strings.TrimSpace(strings.Repeat("unreachable ", len(stepsBackoff)+2) + "sent")
+		if got := strings.Join(outcomes.get(), " "); got != want {
+			t.Fatalf("outcomes observed: %s, want %s", got, want)
+		}
+	})
+}
+
+// TestMailSecondReportOfARefusalChangesNothing: an attempt the server
+// refused before any message, reported twice (a record retried after its
+// commit went through unheard), is counted once.
+func TestMailSecondReportOfARefusalChangesNothing(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, _, m, _ := refusingSetup(t, db, refuseFirst(1), always(mailtest.Accept))
+		_, queued := paidWithMail(t, b)
+		row := deliver(t, b, m, queued.ID)
+		again, err := b.ledger.FinishMailAttempt(b.ctx, queued.ID, row.Attempts,
+			&mail.Error{Outcome: mail.NotSent, Code: 535, BeforeMessage: true, Detail: "auth: 535 again"})
+		if err != nil || !reflect.DeepEqual(again, row) {
+			t.Fatalf("second report: %+v, %v; want %+v", again, err, row)
+		}
+	})
 }

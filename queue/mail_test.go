@@ -2,6 +2,8 @@ package queue_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,6 +123,58 @@ func TestMailTwoWorkers(t *testing.T) {
 		second.Drain()
 		if got := len(srv.Received()); got != 30 {
 			t.Fatalf("the server has %d messages, want 30", got)
+		}
+	})
+}
+
+// TestMailWaitsOutARefusingServer: the SMTP server refuses kami (554 to
+// EHLO) on more attempts than the backoff has steps, then lets it in. The
+// worker puts the mail back at each next due time; it never ends FAILED,
+// and once the server answers it is sent, one copy.
+func TestMailWaitsOutARefusingServer(t *testing.T) {
+	t.Parallel()
+	mailCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		backoff := []time.Duration{time.Minute, 2 * time.Minute}
+		e := newEnv(t, db, rs, domain.Config{Mail: true, MailBackoff: backoff})
+		srv := mailtest.Start(t, func(int) mailtest.Answer { return mailtest.Accept })
+		refusals := len(backoff) + 2
+		srv.SetGate(func(n int) mailtest.Gate {
+			if n <= refusals {
+				return mailtest.RefuseHello
+			}
+			return mailtest.Open
+		})
+		e.shop.MailQueue = queue.NewMailScheduler(rs.Client, e.keys)
+		e.mailWorker(t, srv)
+		p := e.product(t, 1)
+		no := e.place(t, p, 1)[0]
+		o, err := e.ledger.Order(e.ctx, no)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.shop.RecordPayment(e.ctx, domain.Payment{Provider: "sandbox", OrderNo: no, TradeNo: "T" + no, AmountFen: o.AmountFen})
+		if err != nil || res.Mail == nil {
+			t.Fatalf("pay: %+v, %v", res, err)
+		}
+		id := res.Mail.ID
+		for i := 1; i <= refusals; i++ {
+			var row *domain.MailSend
+			eventually(t, 30*time.Second, "the next refused attempt recorded and the mail back on the queue", func() bool {
+				row, err = e.ledger.Mail(e.ctx, id)
+				if err != nil || row.Attempts < i || row.Status == domain.MailSending {
+					return false
+				}
+				score, err := rs.Client.ZScore(e.ctx, e.keys.MailQueue(), strconv.FormatInt(id, 10)).Result()
+				return row.Status != domain.MailQueued || err == nil && int64(score) == row.NextDueAt.UnixMilli()
+			})
+			if row.Status != domain.MailQueued || row.Attempts != i || !strings.Contains(row.LastError, "554") {
+				t.Fatalf("refusal %d: %+v", i, row)
+			}
+			e.clock.Advance(backoff[len(backoff)-1])
+		}
+		eventually(t, 30*time.Second, "the mail sent once the server lets kami in", func() bool { return sentMails(t, db) == 1 })
+		if row, err := e.ledger.Mail(e.ctx, id); err != nil || row.Attempts != refusals+1 || len(srv.Received()) != 1 {
+			t.Fatalf("sent: %+v, %v, %d copies", row, err, len(srv.Received()))
 		}
 	})
 }
