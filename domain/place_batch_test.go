@@ -388,3 +388,37 @@ func (hs hooks) AfterQuery(ctx context.Context, e *bun.QueryEvent) {
 		h.AfterQuery(ctx, e)
 	}
 }
+
+// TestPlacedOrderCarriesItsID: the order a placement answers with carries
+// the id of its row in the database, on every database, for a batch of
+// several orders (each its own row's, in order) and for a lone order.
+func TestPlacedOrderCarriesItsID(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 10)
+		for _, contacts := range [][]string{
+			{"id1@example.com", "id2@example.com", "id3@example.com", "id4@example.com"},
+			{"id5@example.com"},
+		} {
+			ins := make([]domain.PlaceOrderInput, len(contacts))
+			for i, c := range contacts {
+				ins[i] = orderInput(p, c)
+			}
+			placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
+			for i := range ins {
+				if errs[i] != nil {
+					t.Fatalf("order %d: %v", i, errs[i])
+				}
+				o := placed[i].Order
+				var id int64
+				if err := db.NewSelect().Table("orders").Column("id").Where("order_no = ?", o.OrderNo).Scan(b.ctx, &id); err != nil {
+					t.Fatal(err)
+				}
+				if o.ID != id {
+					t.Errorf("order %s (%d of a batch of %d) carries id %d; its row's is %d", o.OrderNo, i+1, len(ins), o.ID, id)
+				}
+			}
+		}
+	})
+}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"reflect"
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
+	"github.com/uptrace/bun/schema"
 )
 
 // writeQuery is one write of a transaction: an INSERT or an UPDATE built
@@ -53,24 +56,108 @@ func writeAll(ctx context.Context, tx bun.IDB, qs ...writeQuery) ([]int64, error
 	}
 	sel := tx.NewSelect()
 	dest := make([]any, len(qs))
+	var inserted []*insertedIDs
 	for i, q := range qs {
+		name := fmt.Sprintf("w%d", i)
 		switch q := q.(type) {
 		case *bun.UpdateQuery:
 			q.Returning("1")
 		case *bun.InsertQuery:
-			q.Returning("1") // beside any RETURNING of its own: a row each
+			// Its RETURNING (a row each) gives the new rows' ids back, as
+			// the INSERT alone would have (see returnIDs).
+			if ids := returnIDs(tx, q, name); ids != nil {
+				inserted = append(inserted, ids)
+			} else {
+				q.Returning("1")
+			}
 		case *bun.RawQuery:
 			// An INSERT … SELECT from arrays (flowInsert, eventsInsert),
 			// written with its RETURNING 1.
 		default:
 			return nil, fmt.Errorf("writeAll: %T is not an INSERT or UPDATE", q)
 		}
-		name := fmt.Sprintf("w%d", i)
 		sel = sel.With(name, q).ColumnExpr("(SELECT count(*) FROM ?)", bun.Ident(name))
 		dest[i] = &counts[i]
+	}
+	for _, ids := range inserted { // after the counts
+		sel = sel.ColumnExpr("(SELECT array_agg(?) FROM ?)", bun.Ident(ids.pk.Name), bun.Ident(ids.part))
+		dest = append(dest, pgdialect.Array(&ids.got))
 	}
 	if err := sel.Scan(ctx, dest...); err != nil {
 		return nil, err
 	}
+	for _, ids := range inserted {
+		if err := ids.set(); err != nil {
+			return nil, err
+		}
+	}
 	return counts, nil
+}
+
+// insertedIDs is where a WITH part's INSERT of rows with an
+// autoincrement id gives their ids back.
+type insertedIDs struct {
+	part string // the WITH part's name
+	pk   *schema.Field
+	rows reflect.Value // the model's slice, or its one struct
+	got  []int64       // the ids, in the order the rows were inserted
+}
+
+// returnIDs makes q, an INSERT of a model whose primary key is one
+// autoincrement column, return that column, and says where writeAll puts
+// it; nil (q left as it is) for any other INSERT.
+//
+// Run alone, bun's INSERT of a model sets the rows' ids (RETURNING on
+// PostgreSQL and SQLite, LAST_INSERT_ID on MySQL/MariaDB); as a WITH part
+// its RETURNING is read by writeAll's SELECT instead, so writeAll sets
+// them: the part's RETURNING rows, aggregated in the order they come,
+// which is the order of its VALUES, as bun's own INSERT takes them.
+func returnIDs(tx bun.IDB, q *bun.InsertQuery, part string) *insertedIDs {
+	m := q.GetModel()
+	if m == nil {
+		return nil
+	}
+	v := reflect.ValueOf(m.Value())
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return nil
+	}
+	v = v.Elem()
+	typ := v.Type()
+	if typ.Kind() == reflect.Slice {
+		typ = typ.Elem()
+		if typ.Kind() == reflect.Pointer {
+			typ = typ.Elem()
+		}
+	}
+	if typ.Kind() != reflect.Struct {
+		return nil
+	}
+	table := tx.Dialect().Tables().Get(typ)
+	if len(table.PKs) != 1 || !table.PKs[0].AutoIncrement {
+		return nil
+	}
+	q.Returning("?", bun.Ident(table.PKs[0].Name))
+	return &insertedIDs{part: part, pk: table.PKs[0], rows: v}
+}
+
+// set puts the ids got into the rows, one each.
+func (ids *insertedIDs) set() error {
+	rows := ids.rows
+	n := 1
+	if rows.Kind() == reflect.Slice {
+		n = rows.Len()
+	}
+	if len(ids.got) != n {
+		return fmt.Errorf("writeAll: %d ids returned for %d rows inserted", len(ids.got), n)
+	}
+	for i, id := range ids.got {
+		row := rows
+		if rows.Kind() == reflect.Slice {
+			row = reflect.Indirect(rows.Index(i))
+		}
+		if err := ids.pk.ScanValue(row, id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
