@@ -24,6 +24,11 @@ import (
 type lostCommits struct {
 	armed   atomic.Int32 // how many commits to fail
 	applied bool         // whether a failed commit was applied
+	// cut, when set, closes the connection itself: before the COMMIT is
+	// sent (not applied: the server rolls the transaction back when it
+	// sees the connection go) or right after it is answered (applied).
+	// The pool then drops the connection, as after a real reset.
+	cut bool
 	// lookups is how many reads after a failed commit fail the same way
 	// (the database still out of reach).
 	lookups   int32
@@ -79,6 +84,13 @@ func (c passConn) CheckNamedValue(nv *driver.NamedValue) error {
 	return driver.ErrSkip
 }
 
+func (c *faultConn) ResetSession(ctx context.Context) error {
+	if c.cut.Load() {
+		return driver.ErrBadConn
+	}
+	return c.passConn.ResetSession(ctx)
+}
+
 func (c passConn) ResetSession(ctx context.Context) error {
 	if r, ok := c.Conn.(driver.SessionResetter); ok {
 		return r.ResetSession(ctx)
@@ -92,6 +104,7 @@ type faultConn struct {
 	passConn
 	l       *lostCommits
 	holding atomic.Bool // a late COMMIT is under way: the pool must not use or close it
+	cut     atomic.Bool // closed by the fault: the pool must drop it
 }
 
 func (c *faultConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -127,7 +140,7 @@ func (c *faultConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, 
 }
 
 func (c *faultConn) IsValid() bool {
-	if c.holding.Load() {
+	if c.holding.Load() || c.cut.Load() {
 		return false
 	}
 	if v, ok := c.Conn.(driver.Validator); ok {
@@ -137,9 +150,10 @@ func (c *faultConn) IsValid() bool {
 }
 
 // Close leaves a connection whose late COMMIT is under way to the
-// goroutine sending it, which closes it once done.
+// goroutine sending it, which closes it once done; one the fault cut is
+// closed already.
 func (c *faultConn) Close() error {
-	if c.holding.Load() {
+	if c.holding.Load() || c.cut.Load() {
 		return nil
 	}
 	return c.Conn.Close()
@@ -159,6 +173,16 @@ func (t *faultTx) Commit() error {
 		return t.commitLate()
 	}
 	t.l.readsDown.Store(t.l.lookups)
+	if t.l.cut {
+		if t.l.applied {
+			if err := t.Tx.Commit(); err != nil {
+				return err
+			}
+		}
+		t.c.cut.Store(true)
+		_ = t.c.Conn.Close()
+		return errConnReset
+	}
 	if !t.l.applied {
 		_ = t.Tx.Rollback()
 		return errConnReset
