@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -39,6 +40,7 @@ type lostCommits struct {
 	// connection's server session id (idQuery's answer) is sent on held
 	// first, and committed is closed once the real COMMIT is done.
 	late      chan struct{}
+	release   func() // closes late once
 	idQuery   string
 	held      chan int64
 	committed chan struct{}
@@ -386,81 +388,108 @@ func TestUncertainCommitUnknown(t *testing.T) {
 // until its COMMIT is done, so no look-up can run beside it.
 func TestUncertainCommitStillUnderWay(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		kind            dbtest.Kind
-		idQuery, waiter string // the session's id; how many wait on session ?
-	}{
-		{dbtest.Postgres, "SELECT pg_backend_pid()",
-			"SELECT COUNT(*) FROM pg_stat_activity WHERE ?::int = ANY(pg_blocking_pids(pid))"},
-		{dbtest.MySQL, "SELECT CONNECTION_ID()",
-			"SELECT COUNT(*) FROM information_schema.innodb_lock_waits w JOIN information_schema.innodb_trx x " +
-				"ON x.trx_id = w.blocking_trx_id WHERE x.trx_mysql_thread_id = ?"},
-	} {
+	// About one run in ten on MariaDB 10.11 the look-up is neither seen
+	// waiting nor done within 30s: not yet understood (the wait, or this
+	// test's detection of it).
+	eachWithHeldCommit(t, "MariaDB: look-up not seen waiting in some runs; under investigation", func(t *testing.T, waiter string, db *bun.DB, lost *lostCommits) {
+		read := &readHook{}
+		b := setup(t, db.WithQueryHook(read), domain.Config{})
+		p := b.product(t, 100, 10)
+		ins := []domain.PlaceOrderInput{orderInput(p, "w1@example.com"), orderInput(p, "w2@example.com"), orderInput(p, "w3@example.com")}
+		ins[1].IdempotencyKey = "key-late"
+		type answer struct {
+			placed []*domain.PlacedOrder
+			errs   []error
+		}
+		id, answers := startHeld(t, lost, func() answer {
+			placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
+			return answer{placed, errs}
+		})
+		read.watch.Store(true)
+		waitFor(t, "the look-up waiting on the batch, or done reading", func() bool {
+			if read.done.Load() {
+				return true
+			}
+			var n int
+			if err := db.NewRaw(waiter, id).Scan(b.ctx, &n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		})
+		lost.release()
+		a := receive(t, "the batch's answer", answers)
+		receive(t, "the late COMMIT", lost.committed)
+		seen := map[string]bool{}
+		for i := range ins {
+			if a.errs[i] != nil || a.placed[i] == nil {
+				t.Fatalf("order %d: %v, %v; want it placed", i, a.placed[i], a.errs[i])
+			}
+			no := a.placed[i].Order.OrderNo
+			if seen[no] {
+				t.Fatalf("two callers got order %s", no)
+			}
+			seen[no] = true
+			o, err := b.ledger.Order(b.ctx, no)
+			if err != nil || o.Status != domain.OrderPending || o.Contact != ins[i].Contact {
+				t.Fatalf("order %s in the database: %+v, %v", no, o, err)
+			}
+			if got := b.cardStatuses(t, no); got[domain.CardLocked] != 1 {
+				t.Fatalf("order %s holds %v", no, got)
+			}
+		}
+		if n := b.orderCount(t); n != len(ins) {
+			t.Fatalf("%d orders for %d callers: the batch was placed again beside the one committed late", n, len(ins))
+		}
+		b.mustAudit(t)
+	})
+}
+
+// eachWithHeldCommit runs fn on each server database, its connections
+// passing through a lostCommits that holds an armed COMMIT back (late)
+// until lost.release; waiter counts the sessions waiting on the held
+// one's session id. mariaDBSkip, if not "", skips MariaDB with that
+// reason.
+func eachWithHeldCommit(t *testing.T, mariaDBSkip string, fn func(t *testing.T, waiter string, db *bun.DB, lost *lostCommits)) {
+	for _, c := range sessionProbes {
 		t.Run(string(c.kind), func(t *testing.T) {
 			t.Parallel()
-			if c.kind == dbtest.MySQL {
-				// About one run in ten on MariaDB 10.11 the look-up is
-				// neither seen waiting nor done within 30s: not yet
-				// understood (the wait, or this test's detection of it).
-				t.Skip("MariaDB: look-up not seen waiting in some runs; under investigation")
+			if c.kind == dbtest.MySQL && mariaDBSkip != "" {
+				t.Skip(mariaDBSkip)
 			}
 			lost := &lostCommits{late: make(chan struct{}), idQuery: c.idQuery,
 				held: make(chan int64, 1), committed: make(chan struct{})}
-			db := dbtest.OpenWith(t, c.kind, domain.DBOptions{WrapConnector: lost.wrap})
-			read := &readHook{}
-			b := setup(t, db.WithQueryHook(read), domain.Config{})
-			p := b.product(t, 100, 10)
-			ins := []domain.PlaceOrderInput{orderInput(p, "w1@example.com"), orderInput(p, "w2@example.com"), orderInput(p, "w3@example.com")}
-			ins[1].IdempotencyKey = "key-late"
-			type answer struct {
-				placed []*domain.PlacedOrder
-				errs   []error
-			}
-			answers := make(chan answer, 1)
-			lost.armed.Store(1)
-			go func() {
-				placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
-				answers <- answer{placed, errs}
-			}()
-			id := receive(t, "the lost COMMIT", lost.held)
-			read.watch.Store(true)
-			waitFor(t, "the look-up waiting on the batch, or done reading", func() bool {
-				if read.done.Load() {
-					return true
-				}
-				var n int
-				if err := db.NewRaw(c.waiter, id).Scan(b.ctx, &n); err != nil {
-					t.Fatal(err)
-				}
-				return n > 0
-			})
-			close(lost.late)
-			a := receive(t, "the batch's answer", answers)
-			receive(t, "the late COMMIT", lost.committed)
-			seen := map[string]bool{}
-			for i := range ins {
-				if a.errs[i] != nil || a.placed[i] == nil {
-					t.Fatalf("order %d: %v, %v; want it placed", i, a.placed[i], a.errs[i])
-				}
-				no := a.placed[i].Order.OrderNo
-				if seen[no] {
-					t.Fatalf("two callers got order %s", no)
-				}
-				seen[no] = true
-				o, err := b.ledger.Order(b.ctx, no)
-				if err != nil || o.Status != domain.OrderPending || o.Contact != ins[i].Contact {
-					t.Fatalf("order %s in the database: %+v, %v", no, o, err)
-				}
-				if got := b.cardStatuses(t, no); got[domain.CardLocked] != 1 {
-					t.Fatalf("order %s holds %v", no, got)
-				}
-			}
-			if n := b.orderCount(t); n != len(ins) {
-				t.Fatalf("%d orders for %d callers: the batch was placed again beside the one committed late", n, len(ins))
-			}
-			b.mustAudit(t)
+			// A test that fails before the release must not leave the
+			// COMMIT held: its database could not be dropped.
+			lost.release = sync.OnceFunc(func() { close(lost.late) })
+			t.Cleanup(lost.release)
+			fn(t, c.waiter, dbtest.OpenWith(t, c.kind, domain.DBOptions{WrapConnector: lost.wrap}), lost)
 		})
 	}
+}
+
+// startHeld arms lost to hold the next COMMIT back, runs batch beside the
+// test, and returns the held session's id once its COMMIT is held, and
+// where batch's answer comes.
+func startHeld[T any](t *testing.T, lost *lostCommits, batch func() T) (int64, <-chan T) {
+	t.Helper()
+	answers := make(chan T, 1)
+	lost.armed.Store(1)
+	go func() { answers <- batch() }()
+	return receive(t, "the lost COMMIT", lost.held), answers
+}
+
+// sessionProbes ask each server for a connection's session id and for how
+// many sessions wait on session ?: how a test sees a query wait on a
+// transaction whose COMMIT is held back.
+var sessionProbes = []struct {
+	kind            dbtest.Kind
+	idQuery, waiter string
+}{
+	{dbtest.Postgres, "SELECT pg_backend_pid()",
+		"SELECT COUNT(*) FROM pg_stat_activity WHERE ?::int = ANY(pg_blocking_pids(pid))"},
+	{dbtest.MySQL, "SELECT CONNECTION_ID()",
+		"SELECT COUNT(*) FROM information_schema.innodb_lock_waits w JOIN information_schema.innodb_trx x " +
+			"ON x.trx_id = w.blocking_trx_id WHERE x.trx_mysql_thread_id = ?"},
 }
 
 // readHook, once watching, notes when a read of the orders table has been

@@ -33,21 +33,7 @@ func TestUncertainCommitPaysOnce(t *testing.T) {
 			{"rolled back, answer lost", false, false},
 			{"connection cut before COMMIT", false, true},
 		} {
-			var (
-				orders []*domain.Order
-				ps     []domain.Payment
-			)
-			for i, qty := range []int{1, 2, 1, 3} {
-				placed, err := b.ledger.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: qty,
-					Contact: fmt.Sprintf("pay%d-%d@example.com", n, i), Provider: "sandbox"})
-				if err != nil {
-					t.Fatalf("%s: PlaceOrder: %v", c.name, err)
-				}
-				o := placed.Order
-				orders = append(orders, o)
-				ps = append(ps, domain.Payment{Provider: o.Provider, NotifyID: "N-" + o.OrderNo, OrderNo: o.OrderNo,
-					TradeNo: "T-" + o.OrderNo, AmountFen: o.AmountFen, PaidAt: b.clock.Now(), Raw: "{}"})
-			}
+			orders, ps := b.payable(t, p, fmt.Sprint(n), 1, 2, 1, 3)
 			before := b.ledger.PayStats()
 			lost.applied, lost.cut = c.applied, c.cut
 			lost.armed.Store(1)
@@ -58,27 +44,7 @@ func TestUncertainCommitPaysOnce(t *testing.T) {
 			if st := b.ledger.PayStats(); st.Batches != before.Batches+1 || st.Calls != before.Calls+int64(len(ps)) || st.Split != before.Split+1 {
 				t.Fatalf("%s: pay stats %+v (before %+v): want the %d payments in one shared transaction, redone call by call", c.name, st, before, len(ps))
 			}
-			for i, o := range orders {
-				if errs[i] != nil || res[i] == nil {
-					t.Fatalf("%s: payment %d: %+v, %v; want an answer the gateway can take", c.name, i, res[i], errs[i])
-				}
-				if res[i].Outcome != domain.PaymentDelivered && res[i].Outcome != domain.PaymentDuplicate {
-					t.Fatalf("%s: payment %d: %s; want delivered or seen before", c.name, i, res[i].Outcome)
-				}
-				if got := res[i].Order; got == nil || got.OrderNo != o.OrderNo || got.Status != domain.OrderPaid {
-					t.Fatalf("%s: payment %d answered with order %+v, want %s PAID", c.name, i, got, o.OrderNo)
-				}
-				if res[i].Refund != nil {
-					t.Fatalf("%s: payment %d created refund %+v", c.name, i, res[i].Refund)
-				}
-			}
-			b.paidOnce(t, c.name, orders, ps)
-			open := b.openMails(t)
-			for _, o := range orders {
-				if !open[o.OrderNo] {
-					t.Fatalf("%s: the mail of order %s is not open for the mail sweeper", c.name, o.OrderNo)
-				}
-			}
+			b.answeredAndPaidOnce(t, c.name, orders, ps, res, errs)
 
 			// The gateway redelivers (it was answered with an error, or
 			// never heard the answer): together, then one by one.
@@ -103,6 +69,109 @@ func TestUncertainCommitPaysOnce(t *testing.T) {
 		if ks := b.alerts.kinds(); len(ks) != 0 {
 			t.Fatalf("alerts %v, want none", ks)
 		}
+	})
+}
+
+// payable places one PENDING order of each quantity qtys of p, with
+// contacts of its own (tag tells a call's apart), and the payment of each
+// as its gateway would notify it.
+func (b *bundle) payable(t *testing.T, p *domain.Product, tag string, qtys ...int) ([]*domain.Order, []domain.Payment) {
+	t.Helper()
+	var (
+		orders []*domain.Order
+		ps     []domain.Payment
+	)
+	for i, qty := range qtys {
+		placed, err := b.ledger.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: qty,
+			Contact: fmt.Sprintf("pay%s-%d@example.com", tag, i), Provider: "sandbox"})
+		if err != nil {
+			t.Fatalf("PlaceOrder: %v", err)
+		}
+		o := placed.Order
+		orders = append(orders, o)
+		ps = append(ps, domain.Payment{Provider: o.Provider, NotifyID: "N-" + o.OrderNo, OrderNo: o.OrderNo,
+			TradeNo: "T-" + o.OrderNo, AmountFen: o.AmountFen, PaidAt: b.clock.Now(), Raw: "{}"})
+	}
+	return orders, ps
+}
+
+// answeredAndPaidOnce checks a batch's answers to ps, the payments of
+// orders: each without an error, delivered or seen before, with its order
+// PAID and no refund; then paidOnce, and that each order's mail is open
+// for the mail sweeper (a payment answered as seen before schedules none).
+func (b *bundle) answeredAndPaidOnce(t *testing.T, name string, orders []*domain.Order, ps []domain.Payment, res []*domain.PaymentResult, errs []error) {
+	t.Helper()
+	for i, o := range orders {
+		if errs[i] != nil || res[i] == nil {
+			t.Fatalf("%s: payment %d: %+v, %v; want an answer the gateway can take", name, i, res[i], errs[i])
+		}
+		if res[i].Outcome != domain.PaymentDelivered && res[i].Outcome != domain.PaymentDuplicate {
+			t.Fatalf("%s: payment %d: %s; want delivered or seen before", name, i, res[i].Outcome)
+		}
+		if got := res[i].Order; got == nil || got.OrderNo != o.OrderNo || got.Status != domain.OrderPaid {
+			t.Fatalf("%s: payment %d answered with order %+v, want %s PAID", name, i, got, o.OrderNo)
+		}
+		if res[i].Refund != nil {
+			t.Fatalf("%s: payment %d created refund %+v", name, i, res[i].Refund)
+		}
+	}
+	b.paidOnce(t, name, orders, ps)
+	open := b.openMails(t)
+	for _, o := range orders {
+		if !open[o.OrderNo] {
+			t.Fatalf("%s: the mail of order %s is not open for the mail sweeper", name, o.OrderNo)
+		}
+	}
+}
+
+// TestUncertainPaymentCommitStillUnderWay: when the answer to a payment
+// batch's COMMIT is lost while the server has yet to apply it, the
+// payments redone one by one wait for the batch's transaction (on the
+// notification's unique key, and the orders' rows) instead of delivering
+// a second time beside it: each is answered (seen before, once the late
+// COMMIT lands), each order paid once. The COMMIT reaches the server only
+// once a redone payment is seen waiting on it, or the batch has answered
+// (which, had nothing waited, would have paid twice). PostgreSQL and
+// MariaDB: SQLite's one connection is the batch's until its COMMIT is
+// done.
+func TestUncertainPaymentCommitStillUnderWay(t *testing.T) {
+	t.Parallel()
+	// As TestUncertainCommitStillUnderWay's: in about half of the runs on
+	// MariaDB 10.11 the redone payment is neither seen waiting nor
+	// answered within 30s.
+	eachWithHeldCommit(t, "MariaDB: redone payment not seen waiting in some runs; under investigation", func(t *testing.T, waiter string, db *bun.DB, lost *lostCommits) {
+		b := setup(t, db, domain.Config{Mail: true})
+		p := b.product(t, 100, 10)
+		orders, ps := b.payable(t, p, "late", 1, 2, 1)
+		type answer struct {
+			res  []*domain.PaymentResult
+			errs []error
+		}
+		id, answers := startHeld(t, lost, func() answer {
+			res, errs := b.ledger.RecordPaymentsForTest(b.ctx, ps)
+			return answer{res, errs}
+		})
+		var a *answer
+		waitFor(t, "a redone payment waiting on the batch, or the batch answered", func() bool {
+			select {
+			case got := <-answers:
+				a = &got
+				return true
+			default:
+			}
+			var n int
+			if err := db.NewRaw(waiter, id).Scan(b.ctx, &n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		})
+		lost.release()
+		if a == nil {
+			got := receive(t, "the batch's answer", answers)
+			a = &got
+		}
+		receive(t, "the late COMMIT", lost.committed)
+		b.answeredAndPaidOnce(t, "late COMMIT", orders, ps, a.res, a.errs)
 	})
 }
 
