@@ -26,6 +26,11 @@ import (
 type lostCommits struct {
 	armed   atomic.Int32 // how many commits to fail
 	applied bool         // whether a failed commit was applied
+	// cut, when set, closes the connection itself: before the COMMIT is
+	// sent (not applied: the server rolls the transaction back when it
+	// sees the connection go) or right after it is answered (applied).
+	// The pool then drops the connection, as after a real reset.
+	cut bool
 	// lookups is how many reads after a failed commit fail the same way
 	// (the database still out of reach).
 	lookups   int32
@@ -36,6 +41,7 @@ type lostCommits struct {
 	// connection's server session id (idQuery's answer) is sent on held
 	// first, and committed is closed once the real COMMIT is done.
 	late      chan struct{}
+	release   func() // closes late once
 	idQuery   string
 	held      chan int64
 	committed chan struct{}
@@ -81,6 +87,13 @@ func (c passConn) CheckNamedValue(nv *driver.NamedValue) error {
 	return driver.ErrSkip
 }
 
+func (c *faultConn) ResetSession(ctx context.Context) error {
+	if c.cut.Load() {
+		return driver.ErrBadConn
+	}
+	return c.passConn.ResetSession(ctx)
+}
+
 func (c passConn) ResetSession(ctx context.Context) error {
 	if r, ok := c.Conn.(driver.SessionResetter); ok {
 		return r.ResetSession(ctx)
@@ -94,6 +107,7 @@ type faultConn struct {
 	passConn
 	l       *lostCommits
 	holding atomic.Bool // a late COMMIT is under way: the pool must not use or close it
+	cut     atomic.Bool // closed by the fault: the pool must drop it
 }
 
 func (c *faultConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -129,7 +143,7 @@ func (c *faultConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, 
 }
 
 func (c *faultConn) IsValid() bool {
-	if c.holding.Load() {
+	if c.holding.Load() || c.cut.Load() {
 		return false
 	}
 	if v, ok := c.Conn.(driver.Validator); ok {
@@ -139,9 +153,10 @@ func (c *faultConn) IsValid() bool {
 }
 
 // Close leaves a connection whose late COMMIT is under way to the
-// goroutine sending it, which closes it once done.
+// goroutine sending it, which closes it once done; one the fault cut is
+// closed already.
 func (c *faultConn) Close() error {
-	if c.holding.Load() {
+	if c.holding.Load() || c.cut.Load() {
 		return nil
 	}
 	return c.Conn.Close()
@@ -161,6 +176,16 @@ func (t *faultTx) Commit() error {
 		return t.commitLate()
 	}
 	t.l.readsDown.Store(t.l.lookups)
+	if t.l.cut {
+		if t.l.applied {
+			if err := t.Tx.Commit(); err != nil {
+				return err
+			}
+		}
+		t.c.cut.Store(true)
+		_ = t.c.Conn.Close()
+		return errConnReset
+	}
 	if !t.l.applied {
 		_ = t.Tx.Rollback()
 		return errConnReset
@@ -365,98 +390,126 @@ func TestUncertainCommitUnknown(t *testing.T) {
 //
 // The wait is seen as the server reports it at the moment asked: on
 // PostgreSQL pg_blocking_pids, on MariaDB/MySQL SHOW ENGINE INNODB STATUS
-// (see innodbWaitsOnCards), never information_schema.innodb_lock_waits,
+// (see innodbWaitsOn), never information_schema.innodb_lock_waits,
 // whose rows can be older than the wait.
 func TestUncertainCommitStillUnderWay(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		kind    dbtest.Kind
-		idQuery string // the session's id
-		// waited reports whether a look-up waits on the session id.
-		waited func(ctx context.Context, db *bun.DB, id int64) (bool, error)
-	}{
-		{dbtest.Postgres, "SELECT pg_backend_pid()", func(ctx context.Context, db *bun.DB, id int64) (bool, error) {
-			var n int
-			err := db.NewRaw("SELECT COUNT(*) FROM pg_stat_activity WHERE ?::int = ANY(pg_blocking_pids(pid))", id).Scan(ctx, &n)
-			return n > 0, err
-		}},
-		{dbtest.MySQL, "SELECT CONNECTION_ID()", innodbWaitsOnCards},
-	} {
+	eachWithHeldCommit(t, "card_stock", func(t *testing.T, waited waitedFunc, db *bun.DB, lost *lostCommits) {
+		read := &readHook{}
+		b := setup(t, db.WithQueryHook(read), domain.Config{})
+		p := b.product(t, 100, 10)
+		ins := []domain.PlaceOrderInput{orderInput(p, "w1@example.com"), orderInput(p, "w2@example.com"), orderInput(p, "w3@example.com")}
+		ins[1].IdempotencyKey = "key-late"
+		type answer struct {
+			placed []*domain.PlacedOrder
+			errs   []error
+		}
+		id, answers := startHeld(t, lost, func() answer {
+			placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
+			return answer{placed, errs}
+		})
+		read.watch.Store(true)
+		waitFor(t, "the look-up waiting on the batch, or done reading", func() bool {
+			if read.done.Load() {
+				return true
+			}
+			w, err := waited(b.ctx, db, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return w
+		})
+		lost.release()
+		a := receive(t, "the batch's answer", answers)
+		receive(t, "the late COMMIT", lost.committed)
+		seen := map[string]bool{}
+		for i := range ins {
+			if a.errs[i] != nil || a.placed[i] == nil {
+				t.Fatalf("order %d: %v, %v; want it placed", i, a.placed[i], a.errs[i])
+			}
+			no := a.placed[i].Order.OrderNo
+			if seen[no] {
+				t.Fatalf("two callers got order %s", no)
+			}
+			seen[no] = true
+			o, err := b.ledger.Order(b.ctx, no)
+			if err != nil || o.Status != domain.OrderPending || o.Contact != ins[i].Contact {
+				t.Fatalf("order %s in the database: %+v, %v", no, o, err)
+			}
+			if got := b.cardStatuses(t, no); got[domain.CardLocked] != 1 {
+				t.Fatalf("order %s holds %v", no, got)
+			}
+		}
+		if n := b.orderCount(t); n != len(ins) {
+			t.Fatalf("%d orders for %d callers: the batch was placed again beside the one committed late", n, len(ins))
+		}
+		b.mustAudit(t)
+	})
+}
+
+// eachWithHeldCommit runs fn on each server database, its connections
+// passing through a lostCommits that holds an armed COMMIT back (late)
+// until lost.release; waited reports whether a session waits for a row
+// lock of table ("": any) that the held session's transaction holds.
+func eachWithHeldCommit(t *testing.T, table string, fn func(t *testing.T, waited waitedFunc, db *bun.DB, lost *lostCommits)) {
+	for _, c := range sessionProbes {
 		t.Run(string(c.kind), func(t *testing.T) {
 			t.Parallel()
 			lost := &lostCommits{late: make(chan struct{}), idQuery: c.idQuery,
 				held: make(chan int64, 1), committed: make(chan struct{})}
-			db := dbtest.OpenWith(t, c.kind, domain.DBOptions{WrapConnector: lost.wrap})
-			read := &readHook{}
-			b := setup(t, db.WithQueryHook(read), domain.Config{})
-			p := b.product(t, 100, 10)
-			ins := []domain.PlaceOrderInput{orderInput(p, "w1@example.com"), orderInput(p, "w2@example.com"), orderInput(p, "w3@example.com")}
-			ins[1].IdempotencyKey = "key-late"
-			type answer struct {
-				placed []*domain.PlacedOrder
-				errs   []error
-			}
-			answers := make(chan answer, 1)
-			lost.armed.Store(1)
-			go func() {
-				placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
-				answers <- answer{placed, errs}
-			}()
-			id := receive(t, "the lost COMMIT", lost.held)
-			// A test that fails before the late COMMIT still sends it, and
-			// waits for it: left open, the batch's transaction would hold
-			// its tables' metadata locks, and dropping the test's database
-			// (and every later query of information_schema on the server)
-			// would wait for it forever.
-			release := sync.OnceFunc(func() { close(lost.late) })
-			t.Cleanup(func() {
-				release()
-				receive(t, "the late COMMIT", lost.committed)
-			})
-			read.watch.Store(true)
-			waitFor(t, "the look-up waiting on the batch, or done reading", func() bool {
-				if read.done.Load() {
-					return true
-				}
-				waited, err := c.waited(b.ctx, db, id)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return waited
-			})
-			release()
-			a := receive(t, "the batch's answer", answers)
-			receive(t, "the late COMMIT", lost.committed)
-			seen := map[string]bool{}
-			for i := range ins {
-				if a.errs[i] != nil || a.placed[i] == nil {
-					t.Fatalf("order %d: %v, %v; want it placed", i, a.placed[i], a.errs[i])
-				}
-				no := a.placed[i].Order.OrderNo
-				if seen[no] {
-					t.Fatalf("two callers got order %s", no)
-				}
-				seen[no] = true
-				o, err := b.ledger.Order(b.ctx, no)
-				if err != nil || o.Status != domain.OrderPending || o.Contact != ins[i].Contact {
-					t.Fatalf("order %s in the database: %+v, %v", no, o, err)
-				}
-				if got := b.cardStatuses(t, no); got[domain.CardLocked] != 1 {
-					t.Fatalf("order %s holds %v", no, got)
-				}
-			}
-			if n := b.orderCount(t); n != len(ins) {
-				t.Fatalf("%d orders for %d callers: the batch was placed again beside the one committed late", n, len(ins))
-			}
-			b.mustAudit(t)
+			lost.release = sync.OnceFunc(func() { close(lost.late) })
+			fn(t, c.waited(table), dbtest.OpenWith(t, c.kind, domain.DBOptions{WrapConnector: lost.wrap}), lost)
 		})
 	}
 }
 
-// innodbWaitsOnCards reports whether a transaction waits for a row lock of
-// the card_stock table of db's database while the session id has a
-// transaction open: in this test only that session's batch holds locks
-// there, so the waiter waits on it.
+// startHeld arms lost to hold the next COMMIT back, runs batch beside the
+// test, and returns the held session's id once its COMMIT is held, and
+// where batch's answer comes. A test that fails after that still sends
+// the COMMIT, and waits for it, before its database is dropped: left
+// open, the held transaction would keep its tables' metadata locks, and
+// dropping the database (and every later query of information_schema on
+// the server) would wait for it forever.
+func startHeld[T any](t *testing.T, lost *lostCommits, batch func() T) (int64, <-chan T) {
+	t.Helper()
+	answers := make(chan T, 1)
+	lost.armed.Store(1)
+	go func() { answers <- batch() }()
+	id := receive(t, "the lost COMMIT", lost.held)
+	t.Cleanup(func() {
+		lost.release()
+		receive(t, "the late COMMIT", lost.committed)
+	})
+	return id, answers
+}
+
+// waitedFunc reports whether a session of db waits for a row lock the
+// session id's open transaction holds.
+type waitedFunc func(ctx context.Context, db *bun.DB, id int64) (bool, error)
+
+// sessionProbes ask each server for a connection's session id and see a
+// session wait on another, as the server reports it at the moment asked:
+// on PostgreSQL pg_blocking_pids, on MariaDB/MySQL SHOW ENGINE INNODB
+// STATUS (see innodbWaitsOn).
+var sessionProbes = []struct {
+	kind    dbtest.Kind
+	idQuery string
+	waited  func(table string) waitedFunc
+}{
+	{dbtest.Postgres, "SELECT pg_backend_pid()", func(string) waitedFunc {
+		return func(ctx context.Context, db *bun.DB, id int64) (bool, error) {
+			var n int
+			err := db.NewRaw("SELECT COUNT(*) FROM pg_stat_activity WHERE ?::int = ANY(pg_blocking_pids(pid))", id).Scan(ctx, &n)
+			return n > 0, err
+		}
+	}},
+	{dbtest.MySQL, "SELECT CONNECTION_ID()", innodbWaitsOn},
+}
+
+// innodbWaitsOn reports whether a transaction waits for a row lock of
+// table in db's database while the session id has a transaction open: in
+// these tests only that session's batch holds locks there, so the waiter
+// waits on it.
 //
 // It reads SHOW ENGINE INNODB STATUS, which InnoDB prints from its lock
 // tables when asked. information_schema.innodb_trx, innodb_locks and
@@ -466,25 +519,30 @@ func TestUncertainCommitStillUnderWay(t *testing.T) {
 // polled faster, here or by any other client, they keep showing the rows
 // of a read taken before the look-up began to wait; on MariaDB 10.11
 // about one run in five never saw the wait that way.
-func innodbWaitsOnCards(ctx context.Context, db *bun.DB, id int64) (bool, error) {
-	var database, typ, name, status string
-	if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&database); err != nil {
-		return false, err
+func innodbWaitsOn(table string) waitedFunc {
+	return func(ctx context.Context, db *bun.DB, id int64) (bool, error) {
+		var database, typ, name, status string
+		if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&database); err != nil {
+			return false, err
+		}
+		if err := db.QueryRowContext(ctx, "SHOW ENGINE INNODB STATUS").Scan(&typ, &name, &status); err != nil {
+			return false, err
+		}
+		return innodbStatusWaits(status, database, table, id), nil
 	}
-	if err := db.QueryRowContext(ctx, "SHOW ENGINE INNODB STATUS").Scan(&typ, &name, &status); err != nil {
-		return false, err
-	}
-	return innodbStatusWaits(status, database, id), nil
 }
 
 // innodbStatusWaits reads an InnoDB status: whether the session id has a
 // transaction open and another transaction waits for a record lock of
-// database.card_stock. Each transaction is a "---TRANSACTION" section
+// database.table (any table of database, table ""). Each transaction is a "---TRANSACTION" section
 // naming its session ("MariaDB thread id N," or "MySQL thread id N,"); a
 // waiting one holds the lock it waits for after "TRX HAS BEEN WAITING".
-func innodbStatusWaits(status, database string, id int64) bool {
+func innodbStatusWaits(status, database, table string, id int64) bool {
 	holder := regexp.MustCompile(`\b(MariaDB|MySQL) thread id ` + strconv.FormatInt(id, 10) + `,`)
-	table := "of table `" + database + "`.`card_stock`"
+	of := "of table `" + database + "`.`" + table + "`"
+	if table == "" {
+		of = "of table `" + database + "`."
+	}
 	held, waits := false, false
 	for _, trx := range strings.Split(status, "\n---TRANSACTION ")[1:] {
 		if holder.MatchString(trx) && strings.Contains(trx, ", ACTIVE ") {
@@ -492,7 +550,7 @@ func innodbStatusWaits(status, database string, id int64) bool {
 		}
 		if _, lock, ok := strings.Cut(trx, "FOR THIS LOCK TO BE GRANTED:\nRECORD LOCKS "); ok {
 			line, _, _ := strings.Cut(lock, "\n")
-			waits = waits || strings.Contains(line, table)
+			waits = waits || strings.Contains(line, of)
 		}
 	}
 	return held && waits
