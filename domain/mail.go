@@ -393,8 +393,11 @@ func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, s
 			return err
 		}
 		now := l.now()
+		// The attempt under way: a report of an attempt already recorded
+		// (the row QUEUED again after it) matches no row, even for
+		// MailGiveUp, which may also move a QUEUED row.
 		byAttempt := func(q *bun.UpdateQuery) *bun.UpdateQuery {
-			return whereMailID(id)(q).Where("attempts = ?", attempt)
+			return whereMailID(id)(q).Where("attempts = ?", attempt).Where("status = ?", MailSending)
 		}
 		if sendErr == nil {
 			if _, err := apply(ctx, tx, MailDone, now, byAttempt, col("sent_at = ?", now), col("next_due_at = NULL")); err != nil {

@@ -716,3 +716,29 @@ func TestMailSecondReportOfARefusalChangesNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestMailSecondReportOfAnUncertainAttemptChangesNothing: the report of an
+// uncertain attempt is recorded (QUEUED again, one uncertain attempt), and
+// a second report of that same attempt (Deliver records it again when the
+// first's answer is lost) changes nothing: the row is not counted a
+// second uncertain attempt and given up, and no mail_failed alert is
+// raised for a mail that may still be sent once more.
+func TestMailSecondReportOfAnUncertainAttemptChangesNothing(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, _, m := mailSetup(t, db, always(mailtest.Stall), time.Second)
+		_, queued := paidWithMail(t, b)
+		row := deliver(t, b, m, queued.ID)
+		if row.Status != domain.MailQueued || row.Uncertain != 1 {
+			t.Fatalf("first attempt: %+v", row)
+		}
+		again, err := b.ledger.FinishMailAttempt(b.ctx, queued.ID, row.Attempts,
+			&mail.Error{Outcome: mail.Uncertain, Detail: "data close: no reply"})
+		if err != nil || !reflect.DeepEqual(again, row) {
+			t.Fatalf("second report: %+v, %v; want %+v", again, err, row)
+		}
+		if n := b.alerts.count("mail_failed"); n != 0 {
+			t.Fatalf("%d mail_failed alerts after a second report of one attempt, want 0", n)
+		}
+	})
+}
