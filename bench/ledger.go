@@ -32,18 +32,48 @@ func statusCounts(ctx context.Context, db *bun.DB, productID int64) (map[string]
 	return out, err
 }
 
+// closesPending reports whether an order of the product is still
+// PENDING: the poll while kami closes, made to cost the database next to
+// nothing, for its CPU is charged to kami's closes. It follows one order,
+// the PENDING one that falls due last (*last), by its number; only once
+// that one is decided does it look for another. Counting the product's
+// orders by status at every poll read every row version of them, the
+// closed ones too: nearly a tenth of PostgreSQL's time in a 40,000-order
+// drain.
+func closesPending(ctx context.Context, db *bun.DB, productID int64, last *string) (bool, error) {
+	if *last != "" {
+		var status string
+		if err := db.NewSelect().Table("orders").Column("status").Where("order_no = ?", *last).Scan(ctx, &status); err != nil {
+			return true, err
+		}
+		if status == string(domain.OrderPending) {
+			return true, nil
+		}
+	}
+	var nos []string
+	if err := db.NewSelect().Table("orders").Column("order_no").Where("product_id = ?", productID).
+		Where("status = ?", domain.OrderPending).OrderExpr("expires_at DESC").Limit(1).Scan(ctx, &nos); err != nil {
+		return true, err
+	}
+	*last = ""
+	if len(nos) > 0 {
+		*last = nos[0]
+	}
+	return *last != "", nil
+}
+
 // waitForCloses polls the database until no order of the product is
 // PENDING (or ctx ends), then measures the closes from the rows:
 // closes/s over first expiry → last close, and closed_at − expires_at.
 func waitForCloses(ctx context.Context, db *bun.DB, productID int64, unpaid int, placeEnd time.Time) (*CloseReport, error) {
 	rep := &CloseReport{Unpaid: unpaid}
+	following := "" // the order closesPending follows
 	for {
-		counts, err := statusCounts(ctx, db, productID)
+		pending, err := closesPending(ctx, db, productID, &following)
 		if err != nil && ctx.Err() == nil {
 			return nil, err
 		}
-		rep.Statuses = counts
-		if err == nil && counts[string(domain.OrderPending)] == 0 {
+		if err == nil && !pending {
 			rep.Complete = true
 			break
 		}
@@ -59,11 +89,11 @@ func waitForCloses(ctx context.Context, db *bun.DB, productID int64, unpaid int,
 	// its own, so a partial result is still reported.
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if !rep.Complete {
-		if counts, err := statusCounts(qctx, db, productID); err == nil {
-			rep.Statuses = counts
-		}
+	counts, err := statusCounts(qctx, db, productID)
+	if err != nil {
+		return nil, err
 	}
+	rep.Statuses = counts
 	var rows []struct {
 		ExpiresAt time.Time `bun:"expires_at"`
 		ClosedAt  time.Time `bun:"closed_at"`
