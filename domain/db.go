@@ -84,11 +84,17 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		}
 		// bun writes the arguments into the SQL text itself, so every
 		// statement is new to the server: preparing and caching each one
-		// (pgx's default) would cost a round trip and fill the cache. The
-		// simple protocol sends it once.
+		// (pgx's default) would cost a round trip and fill the cache.
+		// "exec" sends the text once, unprepared, in one round trip (the
+		// extended protocol's unnamed statement, no parameters). Not
+		// "simple_protocol": for every statement that returns rows pgx
+		// then lexes the whole text again looking for placeholders, even
+		// with no arguments, and copies it; a 500-order batch's statement
+		// is tens of kilobytes, and that pass was a tenth of kami's CPU
+		// in a close drain. One statement per call, as MySQL needs anyway.
 		q := u.Query()
 		if q.Get("default_query_exec_mode") == "" {
-			q.Set("default_query_exec_mode", "simple_protocol")
+			q.Set("default_query_exec_mode", "exec")
 			u.RawQuery = q.Encode()
 		}
 		sqldb, err = openSQL("pgx", u.String(), opts.WrapConnector)

@@ -114,7 +114,7 @@ func explain(t *testing.T, db *bun.DB, q string) string {
 	prefix := "EXPLAIN QUERY PLAN "
 	if db.Dialect().Name() == dialect.PG {
 		prefix = "EXPLAIN "
-		if _, err := tx.ExecContext(ctx, "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"); err != nil {
+		if err := execEach(ctx, tx, "SET LOCAL enable_seqscan = off", "SET LOCAL enable_bitmapscan = off"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -234,7 +234,7 @@ func mostRowsRead(t *testing.T, db *bun.DB, q string) (int, string) {
 	// recorded go first (in this transaction only). A test's tables are
 	// small enough to be read whole; a shop's are not, so the planner is
 	// told to use an index wherever it can, as it would on a shop's.
-	if _, err := tx.ExecContext(ctx, "DELETE FROM payment_notification; SET LOCAL enable_seqscan = off"); err != nil {
+	if err := execEach(ctx, tx, "DELETE FROM payment_notification", "SET LOCAL enable_seqscan = off"); err != nil {
 		t.Fatal(err)
 	}
 	var raw string
@@ -340,4 +340,15 @@ func TestSweeperNextPageSeeks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// execEach runs each statement on its own: kami's PostgreSQL sessions send
+// one statement per call (the extended protocol, see domain.Open).
+func execEach(ctx context.Context, tx bun.Tx, stmts ...string) error {
+	for _, s := range stmts {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	return nil
 }
