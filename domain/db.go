@@ -273,6 +273,26 @@ func shareLock(db bun.IDB) string {
 	return ""
 }
 
+// shareLockIDs reads columns of table's rows whose id is in ids, in id
+// order, share-locking them (shareLock) until the transaction ends, or
+// the statement when there is none. On MySQL/MariaDB it reads them by the
+// primary key, each id a look-up: left to choose, MariaDB plans an IN list
+// that is a large share of a small table as a scan of the whole table or
+// of an index that covers the columns (card_stock_lockable holds every
+// card's id), and a locking scan share-locks every row it passes and the
+// gaps between them (next-key locks): the cards of other products, which
+// then could not be placed, imported or paid while it waits
+// (TestUncertainCommitLookupLocksOnlyItsCards). A primary key look-up
+// locks the rows named and no gap.
+func shareLockIDs(db bun.IDB, table string, ids []int64, columns ...string) *bun.RawQuery {
+	index := ""
+	if dialectName(db) == dialect.MySQL {
+		index = " FORCE INDEX (PRIMARY)"
+	}
+	return db.NewRaw("SELECT ? FROM ?"+index+" WHERE id IN (?) ORDER BY id "+shareLock(db),
+		bun.Safe(strings.Join(columns, ", ")), bun.Ident(table), bun.List(ids))
+}
+
 // timeParam is a placeholder for a time inside an expression (a CASE arm),
 // where the database cannot infer the column's type from the literal bun
 // writes: PostgreSQL would take it for text.

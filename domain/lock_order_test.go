@@ -242,3 +242,84 @@ func (b *bundle) status(t *testing.T, orderNo string) domain.OrderStatus {
 	}
 	return o.Status
 }
+
+// TestCloseWaitsOnlyForItsOrders: a close batch locks its own orders and
+// no other, so another order locked by a transaction still open (a
+// payment under way) does not hold the close up. MariaDB plans the close's
+// SELECT … WHERE order_no IN (…) ORDER BY order_no FOR UPDATE over a batch
+// that is most of a small table as a scan of the whole table, sorted
+// afterwards, unless told to read orders_order_no; a locking scan locks
+// each row it reads before its WHERE drops it, so the close waited for
+// the other order (and locked its own in id order, not order_no order).
+// The wait is seen as the server reports it (sessionProbes), never timed.
+// SQLite has one writer.
+func TestCloseWaitsOnlyForItsOrders(t *testing.T) {
+	t.Parallel()
+	for _, c := range sessionProbes {
+		t.Run(string(c.kind), func(t *testing.T) {
+			t.Parallel()
+			db := dbtest.Open(t, c.kind)
+			b := setup(t, db, domain.Config{})
+			p := b.product(t, 100, 5)
+			other := b.order(t, p, 1).Order
+			var nos []string
+			for range 3 {
+				nos = append(nos, b.order(t, p, 1).Order.OrderNo)
+			}
+			tx, err := db.BeginTx(b.ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback() }) // before the database is dropped
+			var id int64
+			if err := tx.QueryRowContext(b.ctx, c.idQuery).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			var no string
+			if err := tx.NewRaw("SELECT order_no FROM orders WHERE order_no = ? FOR UPDATE", other.OrderNo).Scan(b.ctx, &no); err != nil {
+				t.Fatal(err)
+			}
+			closed := make(chan error, 1)
+			go func() {
+				_, err := b.ledger.CloseOrders(b.ctx, nos, domain.CloseCancel)
+				closed <- err
+			}()
+			var closeErr error
+			done := false
+			waitFor(t, "the close done, or waiting on the other order", func() bool {
+				select {
+				case closeErr = <-closed:
+					done = true
+					return true
+				default:
+				}
+				w, err := c.waited("orders")(b.ctx, db, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return w
+			})
+			if !done {
+				t.Errorf("the close of %d orders waits for another order's lock", len(nos))
+			}
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			if !done {
+				closeErr = receive(t, "the close", closed)
+			}
+			if closeErr != nil {
+				t.Fatalf("CloseOrders: %v", closeErr)
+			}
+			for _, no := range nos {
+				if s := b.status(t, no); s != domain.OrderClosed {
+					t.Fatalf("order %s %s, want CLOSED", no, s)
+				}
+			}
+			if s := b.status(t, other.OrderNo); s != domain.OrderPending {
+				t.Fatalf("the other order %s, want PENDING", s)
+			}
+			b.mustAudit(t)
+		})
+	}
+}

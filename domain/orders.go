@@ -264,9 +264,9 @@ func (l *Ledger) afterUncertainCommit(ctx context.Context, placed []*PlacedOrder
 // makes it an error, the unknown answer. SQLite needs no wait: its one
 // connection is the batch's, and free again only once its COMMIT is done.
 func (l *Ledger) afterTx(ctx context.Context, cardIDs []int64, nos []string) (map[string]*Order, error) {
-	if lock := shareLock(l.db); lock != "" {
+	if shareLock(l.db) != "" {
 		var ids []int64
-		if err := l.db.NewRaw("SELECT id FROM card_stock WHERE id IN (?) "+lock, bun.List(cardIDs)).Scan(ctx, &ids); err != nil {
+		if err := shareLockIDs(l.db, tableCards, cardIDs, "id").Scan(ctx, &ids); err != nil {
 			return nil, err
 		}
 	}
@@ -850,8 +850,14 @@ func closeOrderRows(ctx context.Context, tx bun.Tx, nos []string, reason CloseRe
 		others, err := notClosed(ctx, tx, nos, closed)
 		return closed, others, err
 	}
+	// Read by order_no's index (nameIndexMySQL), as the batch's UPDATE
+	// is: left to choose, for a batch that is most of a small table
+	// MariaDB scans the whole table and sorts, and a locking scan waits
+	// for every row it reads, another transaction's orders too
+	// (TestCloseWaitsOnlyForItsOrders), and locks in id order.
 	var orders []Order
 	if err := forUpdate(tx.NewSelect().Model(&orders).Column(closedColumns...).
+		ForceIndex(nameIndexMySQL[[2]string{tableOrders, "order_no"}]).
 		Where("order_no IN (?)", bun.List(nos)).Order("order_no")).Scan(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -940,8 +946,7 @@ func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([
 		ID     int64       `bun:"id"`
 		Status BatchStatus `bun:"status"`
 	}
-	if err := tx.NewRaw("SELECT id, status FROM card_batch WHERE id IN (?) ORDER BY id "+shareLock(tx),
-		bun.List(sortedKeys(batchIDs))).Scan(ctx, &batches); err != nil {
+	if err := shareLockIDs(tx, tableBatches, sortedKeys(batchIDs), "id", "status").Scan(ctx, &batches); err != nil {
 		return nil, err
 	}
 	status := make(map[int64]BatchStatus, len(batches))

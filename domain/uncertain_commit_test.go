@@ -400,14 +400,7 @@ func TestUncertainCommitStillUnderWay(t *testing.T) {
 		p := b.product(t, 100, 10)
 		ins := []domain.PlaceOrderInput{orderInput(p, "w1@example.com"), orderInput(p, "w2@example.com"), orderInput(p, "w3@example.com")}
 		ins[1].IdempotencyKey = "key-late"
-		type answer struct {
-			placed []*domain.PlacedOrder
-			errs   []error
-		}
-		id, answers := startHeld(t, lost, func() answer {
-			placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
-			return answer{placed, errs}
-		})
+		id, answers := startHeldPlace(t, b, lost, ins)
 		read.watch.Store(true)
 		waitFor(t, "the look-up waiting on the batch, or done reading", func() bool {
 			if read.done.Load() {
@@ -447,6 +440,54 @@ func TestUncertainCommitStillUnderWay(t *testing.T) {
 	})
 }
 
+// TestUncertainCommitLookupLocksOnlyItsCards: while the look-up after a
+// lost COMMIT answer waits for the batch's transaction to end, it holds
+// share locks on the batch's own cards only, so the cards of another
+// product can still be placed. MariaDB plans the look-up's IN list over a
+// small table as a scan of the covering index card_stock_lockable
+// (product_id, status, id) unless told to read the primary key; so
+// planned, it share-locks every card it passes before the first of the
+// batch's, here all of an older product's (its entries come first), and
+// a place, which skips locked cards, answers SOLD_OUT for them. Seen
+// without waiting: placing skips the locked cards instead of waiting for
+// them. SQLite has no look-up beside the batch (its one connection is the
+// batch's until its COMMIT is done).
+func TestUncertainCommitLookupLocksOnlyItsCards(t *testing.T) {
+	t.Parallel()
+	eachWithHeldCommit(t, "card_stock", func(t *testing.T, waited waitedFunc, db *bun.DB, lost *lostCommits) {
+		b := setup(t, db, domain.Config{})
+		other := b.product(t, 100, 4) // created first: its cards come first in card_stock_lockable
+		p := b.product(t, 100, 10)
+		ins := []domain.PlaceOrderInput{orderInput(p, "h1@example.com"), orderInput(p, "h2@example.com"), orderInput(p, "h3@example.com")}
+		id, answers := startHeldPlace(t, b, lost, ins)
+		waitFor(t, "the look-up waiting on the batch", func() bool {
+			w, err := waited(b.ctx, db, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return w
+		})
+		probe := orderInput(other, "other@example.com")
+		probe.Quantity = 4
+		placed, errs := b.ledger.PlaceBatchForTest(b.ctx, []domain.PlaceOrderInput{probe})
+		if errs[0] != nil || placed[0] == nil {
+			t.Errorf("placing all of another product's cards while the look-up waits: %v; want them placed (the look-up locked them)", errs[0])
+		}
+		lost.release()
+		a := receive(t, "the batch's answer", answers)
+		for i := range ins {
+			if a.errs[i] != nil || a.placed[i] == nil {
+				t.Fatalf("order %d: %v, %v; want it placed", i, a.placed[i], a.errs[i])
+			}
+		}
+		receive(t, "the late COMMIT", lost.committed)
+		if n := b.orderCount(t); n != len(ins)+1 {
+			t.Fatalf("%d orders, want %d", n, len(ins)+1)
+		}
+		b.mustAudit(t)
+	})
+}
+
 // eachWithHeldCommit runs fn on each server database, its connections
 // passing through a lostCommits that holds an armed COMMIT back (late)
 // until lost.release; waited reports whether a session waits for a row
@@ -481,6 +522,22 @@ func startHeld[T any](t *testing.T, lost *lostCommits, batch func() T) (int64, <
 		receive(t, "the late COMMIT", lost.committed)
 	})
 	return id, answers
+}
+
+// placeAnswer is what a place batch answers its callers.
+type placeAnswer struct {
+	placed []*domain.PlacedOrder
+	errs   []error
+}
+
+// startHeldPlace places ins as one batch beside the test, its COMMIT held
+// back (startHeld).
+func startHeldPlace(t *testing.T, b *bundle, lost *lostCommits, ins []domain.PlaceOrderInput) (int64, <-chan placeAnswer) {
+	t.Helper()
+	return startHeld(t, lost, func() placeAnswer {
+		placed, errs := b.ledger.PlaceBatchForTest(b.ctx, ins)
+		return placeAnswer{placed, errs}
+	})
 }
 
 // waitedFunc reports whether a session of db waits for a row lock the
