@@ -99,6 +99,9 @@ func TestPaidOrderMailedOnce(t *testing.T) {
 	if !strings.Contains(string(metricsText), `kami_queue_backlog{queue="mail"}`) {
 		t.Errorf("/metrics lacks the mail queue's backlog")
 	}
+	if !strings.Contains(string(metricsText), `kami_mail_waiting{last_outcome="unreachable"} 0`) {
+		t.Errorf("/metrics does not say that no mail waits on an unreachable server")
+	}
 	if !strings.Contains(logs.String(), "order mail attempt") {
 		t.Fatal("the attempt was not logged")
 	}
@@ -108,5 +111,30 @@ func TestPaidOrderMailedOnce(t *testing.T) {
 				t.Errorf("a log line holds %s: %s", secret, line)
 			}
 		}
+	}
+}
+
+// TestMailWaitingOnUnreachableServerExported runs the whole server with
+// KAMI_SMTP_URL naming a server kami cannot use (it offers no STARTTLS):
+// the paid order's mail waits, and /metrics says so in
+// kami_mail_waiting{last_outcome="unreachable"}, the gauge the
+// KamiMailServerUnreachable alert reads.
+func TestMailWaitingOnUnreachableServerExported(t *testing.T) {
+	t.Parallel()
+	srv := mailtest.StartWithoutTLS(t, func(int) mailtest.Answer { return mailtest.Accept })
+	rs := redistest.Open(t, redistest.Real)
+	ta := newTestAppLogging(t, dbtest.Postgres, env{"KAMI_SMTP_URL": srv.URL(), "KAMI_MAIL_FROM": "codes@shop.example",
+		"KAMI_SHOP_NAME": "Test Shop", "KAMI_REDIS_URL": rs.URL, "KAMI_REDIS_PREFIX": rs.Prefix(t)}, nil, &domaintest.LogBuffer{})
+	if err := ta.start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	co := ta.placeFor(t, ta.product(t, 1250, "SECRET-MAIL-C"), "waiting@example.com")
+	ta.paySandbox(t, co.Order, "SB-WAIT")
+	domaintest.Eventually(t, 30*time.Second, "/metrics counts the mail waiting on an unreachable server", func() bool {
+		return strings.Contains(ta.metricsText(t), `kami_mail_waiting{last_outcome="unreachable"} 1`)
+	})
+	ms, err := ta.ledger.OrderMails(t.Context(), co.Order.OrderNo)
+	if err != nil || len(ms) != 1 || ms[0].Status == domain.MailSent || ms[0].Status == domain.MailFailed || ms[0].Unreached < 1 || srv.Attempts() != 0 {
+		t.Fatalf("mails %+v, %v, %d messages begun; want one waiting, unreached", ms, err, srv.Attempts())
 	}
 }

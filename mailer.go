@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -20,6 +22,7 @@ func newMailWorker(cfg *Config, rdb redis.UniversalClient, keys queue.Keys, shop
 		return nil, err
 	}
 	m := &domain.Mailer{Ledger: shop.Ledger, Sender: s, Log: logger, Observer: newMailMetrics(reg)}
+	reg.MustRegister(&mailWaitingCollector{ledger: shop.Ledger})
 	shop.MailQueue = queue.NewMailScheduler(rdb, keys)
 	return queue.NewMailWorker(cfg.Workers, rdb, keys, m, logger), nil
 }
@@ -45,3 +48,28 @@ func newMailMetrics(reg prometheus.Registerer) *mailMetrics {
 
 func (m *mailMetrics) MailAttempted(outcome string) { m.attempts.WithLabelValues(outcome).Inc() }
 func (m *mailMetrics) MailFailed()                  { m.failed.Inc() }
+
+var mailWaitingDesc = prometheus.NewDesc("kami_mail_waiting",
+	"Order mails not sent yet (QUEUED, or SENDING an attempt) by how their last attempt ended (last_outcome: an outcome of kami_mail_attempts_total, none before any); unreachable and server_refused ones wait on the SMTP server, at backoff steps that may be hours apart.",
+	[]string{"last_outcome"}, nil)
+
+// mailWaitingCollector reads the mails waiting from the database at
+// scrape time. Unlike a count of attempts in a window, the figure holds
+// for as long as the mails wait, however far apart their attempts are.
+type mailWaitingCollector struct{ ledger *domain.Ledger }
+
+func (c *mailWaitingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- mailWaitingDesc }
+
+func (c *mailWaitingCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := c.ledger.WaitingMails(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(mailWaitingDesc, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(mailWaitingDesc, prometheus.GaugeValue, float64(n[""]), "none")
+	for _, o := range domain.MailOutcomes {
+		ch <- prometheus.MustNewConstMetric(mailWaitingDesc, prometheus.GaugeValue, float64(n[o]), string(o))
+	}
+}

@@ -71,6 +71,47 @@ const MaxUncertainMail = 1
 // no message are counted apart and never use it up (see mailRetry).
 var DefaultMailBackoff = []time.Duration{time.Minute, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour}
 
+// MailOutcome is how one attempt at a mail ended, as
+// kami_mail_attempts_total and mail_sends.last_outcome name it.
+type MailOutcome string
+
+const (
+	MailOutcomeSent    MailOutcome = "sent"
+	MailOutcomeNotSent MailOutcome = "not_sent"
+	// Not sent: the server refused kami itself, before any message.
+	MailOutcomeServerRefused MailOutcome = "server_refused"
+	// Not sent: no connection, TLS or a reply other than a 5xx before any
+	// message.
+	MailOutcomeUnreachable MailOutcome = "unreachable"
+	MailOutcomeRefused     MailOutcome = "refused"
+	MailOutcomeUncertain   MailOutcome = "uncertain"
+)
+
+// MailOutcomes lists every outcome; the schema's CHECK on
+// mail_sends.last_outcome repeats it, and an empty one: no attempt ended yet.
+var MailOutcomes = []MailOutcome{MailOutcomeSent, MailOutcomeNotSent, MailOutcomeServerRefused, MailOutcomeUnreachable, MailOutcomeRefused, MailOutcomeUncertain}
+
+// mailOutcome names how an attempt ended (sendErr nil: the server accepted
+// it; else a *mail.Error, anything else being not sent).
+func mailOutcome(sendErr error) MailOutcome {
+	var me *kmail.Error
+	switch {
+	case sendErr == nil:
+		return MailOutcomeSent
+	case !errors.As(sendErr, &me):
+		return MailOutcomeNotSent
+	case me.ServerRefused():
+		return MailOutcomeServerRefused
+	case me.BeforeMessage:
+		return MailOutcomeUnreachable
+	case me.Outcome == kmail.Refused:
+		return MailOutcomeRefused
+	case me.Outcome == kmail.Uncertain:
+		return MailOutcomeUncertain
+	}
+	return MailOutcomeNotSent
+}
+
 // MailActor is the actor of the reveal a mail records.
 const MailActor = "mail"
 
@@ -92,6 +133,10 @@ type MailSend struct {
 	// mail.Error.BeforeMessage): they use none of the attempt budget,
 	// which Attempts - Unreached count against.
 	Unreached int `bun:"unreached"`
+	// LastOutcome is how the last attempt that ended did (empty before any):
+	// while the mail is QUEUED or SENDING, MailOutcomeUnreachable means it
+	// waits on the SMTP server (WaitingMails).
+	LastOutcome MailOutcome `bun:"last_outcome"`
 	// NextDueAt: when a QUEUED mail is due; for a SENDING one, the
 	// attempt's deadline (past it, its process died). The database's clock.
 	NextDueAt   time.Time `bun:"next_due_at,nullzero"`
@@ -217,6 +262,29 @@ func (l *Ledger) OpenMails(ctx context.Context, limit int) ([]MailSend, error) {
 	return ms, err
 }
 
+// WaitingMails counts the mails not sent yet (QUEUED, or SENDING an
+// attempt) by how their last attempt ended (empty for none yet). Those whose
+// last attempt was unreachable or server_refused wait on the SMTP server,
+// at backoff steps that may be hours apart; a SENDING one keeps its last
+// outcome until the attempt under way ends, so the figure does not dip
+// while it is tried again.
+func (l *Ledger) WaitingMails(ctx context.Context) (map[MailOutcome]int64, error) {
+	var rows []struct {
+		LastOutcome MailOutcome `bun:"last_outcome"`
+		N           int64       `bun:"n"`
+	}
+	err := l.db.NewSelect().TableExpr("mail_sends").ColumnExpr("last_outcome, COUNT(*) AS n").
+		Where("status IN (?)", bun.List([]MailStatus{MailQueued, MailSending})).GroupExpr("last_outcome").Scan(ctx, &rows)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[MailOutcome]int64, len(rows))
+	for _, r := range rows {
+		out[r.LastOutcome] = r.N
+	}
+	return out, nil
+}
+
 // ResendOrderMail queues another mail of a delivered order's codes for an
 // admin: a new row, with its own Message-ID. NOT_FOUND, CONFLICT (not
 // delivered, or the contact is no email address), UNAVAILABLE (mail is
@@ -308,15 +376,18 @@ func (l *Ledger) BeginMailAttempt(ctx context.Context, id int64, budget time.Dur
 		}
 		var t Transition
 		uncertain := m.Uncertain
+		counts := []column{}
 		switch {
 		case m.Status == MailQueued && !m.NextDueAt.After(due):
 			t = MailBeginAttempt
 		case m.Status == MailSending && m.NextDueAt.Before(due):
 			// Its process died after it began: the server may have it.
 			t, uncertain = MailTakeOver, uncertain+1
+			counts = append(counts, col("last_outcome = ?", MailOutcomeUncertain))
 		default:
 			return nil // done, not due, or under way elsewhere
 		}
+		counts = append(counts, col("uncertain = ?", uncertain))
 		o, err := orderIn(ctx, tx, m.OrderNo)
 		if err != nil {
 			return err
@@ -329,7 +400,7 @@ func (l *Ledger) BeginMailAttempt(ctx context.Context, id int64, budget time.Dur
 			reason = fmt.Sprintf("an attempt's process ended mid-send, after %d uncertain attempts: the buyer may have the mail; not sent again", m.Uncertain)
 		}
 		if reason != "" {
-			n, err := apply(ctx, tx, MailGiveUp, now, byAttempt, col("uncertain = ?", uncertain), col("last_error = ?", reason), col("next_due_at = NULL"))
+			n, err := apply(ctx, tx, MailGiveUp, now, byAttempt, append(counts, col("last_error = ?", reason), col("next_due_at = NULL"))...)
 			if err != nil {
 				return err
 			}
@@ -339,8 +410,7 @@ func (l *Ledger) BeginMailAttempt(ctx context.Context, id int64, budget time.Dur
 			cur, err = mailIn(ctx, tx, id)
 			return err
 		}
-		n, err := apply(ctx, tx, t, now, byAttempt, col("attempts = ?", m.Attempts+1), col("uncertain = ?", uncertain),
-			col("next_due_at = ?", due.Add(budget)))
+		n, err := apply(ctx, tx, t, now, byAttempt, append(counts, col("attempts = ?", m.Attempts+1), col("next_due_at = ?", due.Add(budget)))...)
 		if err != nil {
 			return err
 		}
@@ -358,6 +428,9 @@ func (l *Ledger) BeginMailAttempt(ctx context.Context, id int64, budget time.Dur
 			return err
 		}
 		m.Status, m.Attempts, m.Uncertain, m.NextDueAt = MailSending, m.Attempts+1, uncertain, due.Add(budget)
+		if uncertain > m.Uncertain { // taken over
+			m.LastOutcome = MailOutcomeUncertain
+		}
 		at = &MailAttempt{Mail: m, To: o.Contact, Order: *o}
 		if prod := p[o.ProductID]; prod != nil {
 			at.Product = prod.Name
@@ -400,7 +473,7 @@ func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, s
 			return whereMailID(id)(q).Where("attempts = ?", attempt).Where("status = ?", MailSending)
 		}
 		if sendErr == nil {
-			if _, err := apply(ctx, tx, MailDone, now, byAttempt, col("sent_at = ?", now), col("next_due_at = NULL")); err != nil {
+			if _, err := apply(ctx, tx, MailDone, now, byAttempt, col("sent_at = ?", now), col("next_due_at = NULL"), col("last_outcome = ?", MailOutcomeSent)); err != nil {
 				return err
 			}
 			cur, err = mailIn(ctx, tx, id)
@@ -429,7 +502,8 @@ func (l *Ledger) FinishMailAttempt(ctx context.Context, id int64, attempt int, s
 		case usedUp:
 			reason = fmt.Sprintf("not delivered after %d attempts", attempt-unreached)
 		}
-		counts := []column{col("uncertain = ?", uncertain), col("unreached = ?", unreached), col("last_error = ?", detail)}
+		counts := []column{col("uncertain = ?", uncertain), col("unreached = ?", unreached), col("last_error = ?", detail),
+			col("last_outcome = ?", mailOutcome(sendErr))}
 		if reason != "" {
 			n, err := apply(ctx, tx, MailGiveUp, now, byAttempt, append(counts, col("next_due_at = NULL"))...)
 			if err != nil {
@@ -496,10 +570,7 @@ type MailScheduler interface {
 
 // MailObserver hears each attempt's outcome (metrics).
 type MailObserver interface {
-	// MailAttempted: "sent", "not_sent", "server_refused" (not sent: the
-	// server refused kami itself, before any message), "unreachable" (not
-	// sent: no connection, TLS or a reply other than a 5xx before any
-	// message), "refused", "uncertain". server_refused and unreachable
+	// MailAttempted: one of MailOutcomes. server_refused and unreachable
 	// attempts use none of a mail's attempt budget.
 	MailAttempted(outcome string)
 	MailFailed()
@@ -558,26 +629,16 @@ func (m *Mailer) Deliver(ctx context.Context, id int64) (*MailSend, error) {
 		cancel()
 	}
 	res, err := m.finish(ctx, id, at.Mail.Attempts, sendErr)
-	outcome := "sent"
+	outcome := mailOutcome(sendErr)
 	var me *kmail.Error
-	if errors.As(sendErr, &me) {
-		outcome = map[kmail.Outcome]string{kmail.NotSent: "not_sent", kmail.Refused: "refused", kmail.Uncertain: "uncertain"}[me.Outcome]
-		switch {
-		case me.ServerRefused():
-			outcome = "server_refused"
-		case me.BeforeMessage:
-			outcome = "unreachable"
-		}
-	} else if sendErr != nil {
-		outcome = "not_sent"
-	}
+	errors.As(sendErr, &me)
 	if talked {
 		m.noteServer(ctx, sendErr, me)
 	}
 	m.log().InfoContext(ctx, "order mail attempt", "mail", id, "order", at.Order.OrderNo, "attempt", at.Mail.Attempts,
 		"outcome", outcome, "err", mailErrText(sendErr))
 	if m.Observer != nil {
-		m.Observer.MailAttempted(outcome)
+		m.Observer.MailAttempted(string(outcome))
 		if err == nil && res.Status == MailFailed {
 			m.Observer.MailFailed()
 		}

@@ -664,6 +664,18 @@ func TestMailBudgetCountsOnlyAttemptsThatReachedAMessage(t *testing.T) {
 	})
 }
 
+// unreachableSetup is a ledger with stepsBackoff and a Mailer sending to
+// plain, a server that offers no STARTTLS, which kami requires (every
+// attempt ends before any message), and good, a server that would take
+// the mails once the settings name it.
+func unreachableSetup(t *testing.T, db *bun.DB) (b *bundle, plain, good *mailtest.Server, m *domain.Mailer) {
+	t.Helper()
+	b = setup(t, db, domain.Config{Mail: true, MailBackoff: stepsBackoff})
+	plain = mailtest.StartWithoutTLS(t, always(mailtest.Accept))
+	good = mailtest.Start(t, always(mailtest.Accept))
+	return b, plain, good, mailer(t, b, plain.Config("Test Shop", 10*time.Second))
+}
+
 // TestMailUnreachableServerOutlastsTheBackoff: the shop's SMTP settings
 // name a server kami cannot use (it offers no STARTTLS, which kami
 // requires) for more attempts than the backoff has steps. No message was
@@ -672,10 +684,7 @@ func TestMailBudgetCountsOnlyAttemptsThatReachedAMessage(t *testing.T) {
 func TestMailUnreachableServerOutlastsTheBackoff(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
-		b := setup(t, db, domain.Config{Mail: true, MailBackoff: stepsBackoff})
-		plain := mailtest.StartWithoutTLS(t, always(mailtest.Accept))
-		good := mailtest.Start(t, always(mailtest.Accept))
-		m := mailer(t, b, plain.Config("Test Shop", 10*time.Second))
+		b, plain, good, m := unreachableSetup(t, db)
 		outcomes := &mailOutcomes{}
 		m.Observer = outcomes
 		_, queued := paidWithMail(t, b)
@@ -740,5 +749,72 @@ func TestMailSecondReportOfAnUncertainAttemptChangesNothing(t *testing.T) {
 		if n := b.alerts.count("mail_failed"); n != 0 {
 			t.Fatalf("%d mail_failed alerts after a second report of one attempt, want 0", n)
 		}
+	})
+}
+
+// TestWaitingMailsCountThoseOnAnUnreachableServer: a mail whose attempts
+// reach no server (no STARTTLS) counts as waiting on an unreachable
+// server after each of them, past the backoff's last step and through the
+// next attempt (SENDING, before it ends), so a gauge of it never dips
+// while the mail waits; once sent it is counted no more, and neither is a
+// mail that ends FAILED (its order refunded) after such attempts.
+func TestWaitingMailsCountThoseOnAnUnreachableServer(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b, _, good, m := unreachableSetup(t, db)
+		waiting := func(want map[domain.MailOutcome]int64) {
+			t.Helper()
+			got, err := b.ledger.WaitingMails(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, n := range got {
+				if n == 0 {
+					delete(got, k)
+				}
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("waiting mails %v, want %v", got, want)
+			}
+		}
+		waiting(map[domain.MailOutcome]int64{})
+		_, queued := paidWithMail(t, b)
+		refunded, other := paidWithMail(t, b)
+		waiting(map[domain.MailOutcome]int64{"": 2})
+		unreachable := map[domain.MailOutcome]int64{domain.MailOutcomeUnreachable: 2}
+		for i := 1; i <= len(stepsBackoff)+2; i++ {
+			for _, id := range []int64{queued.ID, other.ID} {
+				if row := deliver(t, b, m, id); row.Status != domain.MailQueued || row.LastOutcome != domain.MailOutcomeUnreachable || row.Unreached != i {
+					t.Fatalf("attempt %d without TLS: %+v", i, row)
+				}
+			}
+			waiting(unreachable)
+			b.clock.Advance(stepsBackoff[len(stepsBackoff)-1])
+		}
+		// The attempt under way still waits on the server.
+		begun, err := b.ledger.BeginMailAttempt(b.ctx, queued.ID, time.Minute)
+		if err != nil || begun.Attempt == nil {
+			t.Fatalf("begin: %+v, %v", begun, err)
+		}
+		waiting(unreachable)
+		if _, err := b.ledger.FinishMailAttempt(b.ctx, queued.ID, begun.Attempt.Mail.Attempts,
+			&mail.Error{Outcome: mail.NotSent, BeforeMessage: true, Detail: "dial: connection refused"}); err != nil {
+			t.Fatal(err)
+		}
+		waiting(unreachable)
+
+		b.clock.Advance(stepsBackoff[len(stepsBackoff)-1])
+		m.Sender = mailer(t, b, good.Config("Test Shop", 10*time.Second)).Sender // the server back
+		if row := deliver(t, b, m, queued.ID); row.Status != domain.MailSent || row.LastOutcome != domain.MailOutcomeSent {
+			t.Fatalf("once the server is back: %+v", row)
+		}
+		waiting(map[domain.MailOutcome]int64{domain.MailOutcomeUnreachable: 1})
+		if _, err := b.ledger.RequestRefund(b.ctx, refunded.OrderNo, "", "admin"); err != nil {
+			t.Fatal(err)
+		}
+		if row := deliver(t, b, m, other.ID); row.Status != domain.MailFailed {
+			t.Fatalf("mail of the refunded order: %+v", row)
+		}
+		waiting(map[domain.MailOutcome]int64{})
 	})
 }

@@ -8,32 +8,39 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/mail"
 	"kami/mail/mailtest"
 )
 
 const orderMails = `query($no: String!) { orderMails(orderNo: $no) {
-	id orderNo cause status attempts uncertainAttempts lastError nextAttemptAt sentAt requestedBy createdAt } }`
+	id orderNo cause status attempts uncertainAttempts unreachedAttempts lastError nextAttemptAt sentAt requestedBy createdAt } }`
 
 const resendOrderMail = `mutation($no: String!) { resendOrderMail(orderNo: $no) { id cause status requestedBy } }`
 
 type mailAnswer struct {
-	ID, OrderNo, Cause, Status  string
-	Attempts, UncertainAttempts int
-	LastError                   *string
-	NextAttemptAt, SentAt       *string
-	RequestedBy                 string
+	ID, OrderNo, Cause, Status                     string
+	Attempts, UncertainAttempts, UnreachedAttempts int
+	LastError                                      *string
+	NextAttemptAt, SentAt                          *string
+	RequestedBy                                    string
 }
 
 // mailer sends to a test SMTP server answering with answer.
 func mailer(t *testing.T, b *bundle, answer mailtest.Answer) (*domain.Mailer, *mailtest.Server) {
 	t.Helper()
 	srv := mailtest.Start(t, func(int) mailtest.Answer { return answer })
+	return mailerTo(t, b, srv), srv
+}
+
+// mailerTo sends to srv.
+func mailerTo(t *testing.T, b *bundle, srv *mailtest.Server) *domain.Mailer {
+	t.Helper()
 	s, err := mail.New(srv.Config("Test Shop", 10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &domain.Mailer{Ledger: b.ledger, Sender: s, Log: quietLogger()}, srv
+	return &domain.Mailer{Ledger: b.ledger, Sender: s, Log: quietLogger()}
 }
 
 func (b *bundle) mails(t *testing.T, orderNo string) []mailAnswer {
@@ -125,6 +132,41 @@ func TestOrderMailFailureShown(t *testing.T) {
 	got = b.mails(t, o.Order.OrderNo)
 	if got[0].Status != "FAILED" || got[0].LastError == nil || !strings.Contains(*got[0].LastError, "554") || got[0].Attempts != 1 {
 		t.Fatalf("after a refusal: %+v", got)
+	}
+}
+
+// TestOrderMailShowsUnreachedAttempts: attempts that reached no server kami
+// could use (it offers no STARTTLS) are shown apart from the attempts at
+// the message, so an admin sees that the mail still waits though its
+// attempts outnumber the backoff's steps; once the server takes it, SENT,
+// with the count kept.
+func TestOrderMailShowsUnreachedAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{kind: dbtest.Postgres, ledger: domain.Config{Mail: true, MailBackoff: []time.Duration{time.Minute}}})
+	clock := domaintest.NewClock(time.Now().UTC().Truncate(time.Second))
+	b.ledger.Now = clock.Now
+	m := mailerTo(t, b, mailtest.StartWithoutTLS(t, func(int) mailtest.Answer { return mailtest.Accept }))
+	p := b.product(t, "5.00", 1)
+	o := b.order(t, p, 1, "buyer@example.com")
+	b.pay(t, o.Order.OrderNo, "SB-1")
+	id := mustID(t, b.mails(t, o.Order.OrderNo)[0].ID)
+	for i := 1; i <= 3; i++ {
+		if _, err := m.Deliver(b.ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		got := b.mails(t, o.Order.OrderNo)[0]
+		if got.Status != "QUEUED" || got.Attempts != i || got.UnreachedAttempts != i || got.UncertainAttempts != 0 || got.LastError == nil || got.NextAttemptAt == nil {
+			t.Fatalf("after unreached attempt %d: %+v", i, got)
+		}
+		clock.Advance(time.Minute)
+	}
+	good, _ := mailer(t, b, mailtest.Accept)
+	m.Sender = good.Sender
+	if _, err := m.Deliver(b.ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.mails(t, o.Order.OrderNo)[0]; got.Status != "SENT" || got.Attempts != 4 || got.UnreachedAttempts != 3 {
+		t.Fatalf("once the server takes it: %+v", got)
 	}
 }
 

@@ -222,6 +222,7 @@ type ComplexityRoot struct {
 		SentAt        func(childComplexity int) int
 		Status        func(childComplexity int) int
 		Uncertain     func(childComplexity int) int
+		Unreached     func(childComplexity int) int
 	}
 
 	PageInfo struct {
@@ -1429,6 +1430,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.OrderMail.Uncertain(childComplexity), true
+	case "OrderMail.unreachedAttempts":
+		if e.ComplexityRoot.OrderMail.Unreached == nil {
+			break
+		}
+
+		return e.ComplexityRoot.OrderMail.Unreached(childComplexity), true
 
 	case "PageInfo.endCursor":
 		if e.ComplexityRoot.PageInfo.EndCursor == nil {
@@ -2654,6 +2661,15 @@ type OrderMail {
   every copy carries the same Message-ID.
   """
   uncertainAttempts: Int!
+  """
+  Attempts that ended before any message: kami reached no SMTP server it
+  could use (no connection, a TLS failure, a reply other than a 5xx to the
+  greeting, EHLO, STARTTLS or AUTH) or the server refused kami itself. They
+  use none of the mail's attempts at the message (attempts minus these
+  count against the backoff): such a mail waits and is tried again until
+  the server takes kami, never FAILED for them.
+  """
+  unreachedAttempts: Int!
   "The last attempt's SMTP error (the step and the server's reply); null when none."
   lastError: String
   "When the next attempt is due (QUEUED), or when the attempt under way runs out (SENDING)."
@@ -3879,6 +3895,8 @@ func (ec *executionContext) childFields_OrderMail(ctx context.Context, field gra
 		return ec.fieldContext_OrderMail_attempts(ctx, field)
 	case "uncertainAttempts":
 		return ec.fieldContext_OrderMail_uncertainAttempts(ctx, field)
+	case "unreachedAttempts":
+		return ec.fieldContext_OrderMail_unreachedAttempts(ctx, field)
 	case "lastError":
 		return ec.fieldContext_OrderMail_lastError(ctx, field)
 	case "nextAttemptAt":
@@ -8312,6 +8330,29 @@ func (ec *executionContext) _OrderMail_uncertainAttempts(ctx context.Context, fi
 	)
 }
 func (ec *executionContext) fieldContext_OrderMail_uncertainAttempts(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "Int")
+}
+
+func (ec *executionContext) _OrderMail_unreachedAttempts(ctx context.Context, field graphql.CollectedField, obj *domain.MailSend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_OrderMail_unreachedAttempts(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Unreached, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_OrderMail_unreachedAttempts(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("OrderMail", field, false, false, "Int")
 }
 
@@ -15540,6 +15581,11 @@ func (ec *executionContext) _OrderMail(ctx context.Context, sel ast.SelectionSet
 			}
 		case "uncertainAttempts":
 			out.Values[i] = ec._OrderMail_uncertainAttempts(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "unreachedAttempts":
+			out.Values[i] = ec._OrderMail_unreachedAttempts(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
