@@ -154,10 +154,14 @@ func (w *WebhookWorkers) Start(ctx context.Context) error {
 
 // Stop stops the jobs and waits for the attempts in flight; if ctx ends
 // first they are cancelled (their deliveries come back after their lease).
+// Workers never started are stopped too: the attempts a direct Drain
+// started are waited for, and no Drain starts any after.
 func (w *WebhookWorkers) Stop(ctx context.Context) error { return w.stop(ctx) }
 
 // Drain fans out new events and starts an attempt at every due delivery
-// its lane has room for; it does not wait for them.
+// its lane has room for; it does not wait for them (a sender that ends
+// claims again, so there is no batch to wait for), started or not: Stop
+// does.
 func (w *WebhookWorkers) Drain() {
 	if w.stopping() || !w.bo.ready() {
 		return

@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -128,13 +129,23 @@ func distinct(t testing.TB, who string, ids []string, n int) {
 func webhookWorkers(t testing.TB, rs *redistest.Server, keys queue.Keys, h *domain.Webhooks) *queue.WebhookWorkers {
 	t.Helper()
 	w := queue.NewWebhookWorkers(queue.Config{Lease: 2 * time.Second, RecoverEvery: time.Second, SweepEvery: time.Second}, rs.Client, keys, h, quietLogger())
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	startUntilCleanup(t, context.Background(), "webhook workers", w.Start, w.Stop)
+	return w
+}
+
+// unstartedWebhookWorkers returns delivery workers for tests that drain
+// them directly; they are stopped when the test ends, which waits for the
+// attempts their drains started (before the database and the receivers
+// close).
+func unstartedWebhookWorkers(t testing.TB, cfg queue.Config, rdb redis.UniversalClient, keys queue.Keys, h *domain.Webhooks) *queue.WebhookWorkers {
+	t.Helper()
+	w := queue.NewWebhookWorkers(cfg, rdb, keys, h, quietLogger())
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a deadline for a hang, never a speed
 		defer cancel()
-		w.Stop(ctx)
+		if err := w.Stop(ctx); err != nil {
+			t.Errorf("stop webhook workers: %v", err)
+		}
 	})
 	return w
 }
@@ -213,7 +224,7 @@ func TestWebhookFlushAllLosesNothing(t *testing.T) {
 	t.Parallel()
 	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
 		e, r, h := paidOrdersHooked(t, db, rs, "T1", "T2")
-		w := queue.NewWebhookWorkers(queue.Config{Lease: 2 * time.Second}, rs.Client, e.keys, h, quietLogger())
+		w := unstartedWebhookWorkers(t, queue.Config{Lease: 2 * time.Second}, rs.Client, e.keys, h)
 		// Fanned out and queued by a sweep that is not followed by a drain.
 		if _, err := w.Sweep(e.ctx); err != nil {
 			t.Fatal(err)
@@ -235,6 +246,43 @@ func TestWebhookFlushAllLosesNothing(t *testing.T) {
 		waitDelivered(t, db, 2)
 		if got := r.got(); len(got) != 2 || got[0] == got[1] {
 			t.Fatalf("received %v", got)
+		}
+	})
+}
+
+// TestWebhookStopEndsWhatADrainStarted: workers never started, drained
+// directly (a one-off run, a test), are stopped like started ones: Stop
+// returns only once the attempts the drain started have ended (here its
+// context has ended, so it cancels them first), and no drain after it
+// starts another. Before, Stop did nothing for workers never started, and
+// their senders ran on after it.
+func TestWebhookStopEndsWhatADrainStarted(t *testing.T) {
+	t.Parallel()
+	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+		e := newEnv(t, db, rs, domain.Config{})
+		stalled := newStallingReceiver(t)
+		h := webhooksAt(t, e.ledger, time.Hour, stalled.srv.URL)
+		p := e.product(t, 2)
+		payOrder(t, e.ledger, p, "T1")
+		w := unstartedWebhookWorkers(t, queue.Config{Lease: time.Minute}, rs.Client, e.keys, h)
+		t.Cleanup(stalled.letGo) // if the test ends early: the workers' stop waits for what it holds
+		w.Drain()
+		eventually(t, 30*time.Second, "the attempt held by the endpoint", func() bool {
+			_, held, _ := stalled.state()
+			return held == 1
+		})
+		ctx, cancel := context.WithCancel(e.ctx)
+		cancel()
+		if err := w.Stop(ctx); !errors.Is(err, context.Canceled) {
+			t.Errorf("Stop with its context ended: %v, want it to cancel the attempt in flight", err)
+		}
+		if n := w.Stats().InFlight; n != 0 {
+			t.Fatalf("%d attempts still running after Stop returned", n)
+		}
+		payOrder(t, e.ledger, p, "T2")
+		w.Drain()
+		if st := w.Stats(); st.InFlight != 0 || st.Attempts != 1 {
+			t.Fatalf("a drain after Stop: %+v, want nothing started", st)
 		}
 	})
 }
@@ -451,7 +499,7 @@ func TestWebhookSweepReadsEveryPage(t *testing.T) {
 		for i := range 5 {
 			payOrder(t, e.ledger, p, fmt.Sprintf("T%d", i))
 		}
-		w := queue.NewWebhookWorkers(queue.Config{Lease: 2 * time.Second}, rs.Client, e.keys, h, quietLogger())
+		w := unstartedWebhookWorkers(t, queue.Config{Lease: 2 * time.Second}, rs.Client, e.keys, h)
 		w.SweepPage = 2
 		if _, err := w.Sweep(e.ctx); err != nil { // fans out and queues
 			t.Fatal(err)
@@ -536,7 +584,9 @@ func newDueBacklog(t testing.TB, e *env, n int, after ...string) *dueBacklog {
 	}
 	client := e.redis.NewClient(t)
 	client.AddHook(d.scripts)
-	d.w = queue.NewWebhookWorkers(queue.Config{Lease: time.Minute, RecoverEvery: time.Minute, SweepEvery: time.Hour}, client, e.keys, h, quietLogger())
+	d.w = unstartedWebhookWorkers(t, queue.Config{Lease: time.Minute, RecoverEvery: time.Minute, SweepEvery: time.Hour}, client, e.keys, h)
+	// Before the workers stop: they wait for the requests it holds.
+	t.Cleanup(d.stalled.letGo)
 	if _, err := d.w.Sweep(e.ctx); err != nil { // fans the burst out and queues it
 		t.Fatal(err)
 	}
@@ -592,7 +642,6 @@ func TestWebhookDueBacklogIsWalkedInFewClaims(t *testing.T) {
 		if most > d.w.PerEndpoint {
 			t.Fatalf("the hanging endpoint held %d requests at once; its lane has %d senders", most, d.w.PerEndpoint)
 		}
-		eventually(t, 30*time.Second, "the senders done", func() bool { return d.w.Stats().InFlight == 0 })
 	})
 }
 
@@ -658,7 +707,6 @@ func TestWebhookWalkPutsBackWhatNoSenderTakes(t *testing.T) {
 			ids, _, _ := o.state()
 			distinct(t, "another endpoint", ids, 1)
 		}
-		eventually(t, 30*time.Second, "the senders done", func() bool { return d.w.Stats().InFlight == 0 })
 	})
 }
 
