@@ -57,18 +57,36 @@ type WebhookWorkers struct {
 
 	lanes lanes
 	// claiming is held by the one claim loop of this process; again asks
-	// it to go round once more; more says it stopped with due deliveries
-	// possibly left (no free sender), so a sender that ends claims again.
-	claiming    sync.Mutex
-	again, more atomic.Bool
+	// it to go round once more (the loop looks at it again after it lets
+	// go of claiming, so a request made while it stops is not lost).
+	claiming sync.Mutex
+	again    atomic.Bool
+
+	// hook, set by tests only (before the workers run), is called at the
+	// named points of the claim loop and of a sender, to hold a goroutine
+	// exactly there.
+	hook func(point string)
 
 	jobs
 }
 
-// lanes are the attempts in flight, in all and per endpoint.
+// at calls the test hook at point.
+func (w *WebhookWorkers) at(point string) {
+	if w.hook != nil {
+		w.hook(point)
+	}
+}
+
+// lanes are the attempts in flight, in all and per endpoint. more says
+// the claim loop stopped with due deliveries possibly left (no free
+// sender), so a sender that ends claims again: the loop sets it in the
+// step that finds no sender free and a sender reads it in the step that
+// frees its own, so a sender ending at any moment is either seen free by
+// the loop or sees more.
 type lanes struct {
 	mu       sync.Mutex
 	inFlight int
+	more     bool
 	by       map[int64]*lane
 }
 
@@ -175,7 +193,9 @@ func (w *WebhookWorkers) Drain() {
 }
 
 // claimDue runs the claim loop, or, when it is running, has it go round
-// once more.
+// once more: the request (again) is made before the lock is tried, and the
+// loop looks for one after it lets go of the lock, so a request is either
+// seen by the loop or made when the lock is free.
 func (w *WebhookWorkers) claimDue() {
 	w.again.Store(true)
 	for w.again.Load() && !w.stopping() && w.bo.ready() {
@@ -184,6 +204,7 @@ func (w *WebhookWorkers) claimDue() {
 		}
 		w.again.Store(false)
 		w.claimRound()
+		w.at("claim-loop-done")
 		w.claiming.Unlock()
 	}
 }
@@ -200,9 +221,12 @@ func (w *WebhookWorkers) claimRound() {
 		}
 		w.lanes.mu.Lock()
 		free := max(w.Parallel, 1) - w.lanes.inFlight
+		if free <= 0 {
+			w.lanes.more = true
+		}
 		w.lanes.mu.Unlock()
 		if free <= 0 {
-			w.more.Store(true)
+			w.at("no-free-sender")
 			return
 		}
 		n := min(max(w.Batch, 1), free)
@@ -224,12 +248,19 @@ func (w *WebhookWorkers) claimRound() {
 			return
 		}
 		if len(c.Members) < n && !got.hurried && got.putBack == 0 {
-			w.more.Store(false)
+			w.setMore(false)
 			return
 		}
 		walking = got.parked > got.started && got.putBack == 0
 	}
-	w.more.Store(true)
+	w.setMore(true)
+}
+
+// setMore sets lanes.more.
+func (w *WebhookWorkers) setMore(more bool) {
+	w.lanes.mu.Lock()
+	w.lanes.more = more
+	w.lanes.mu.Unlock()
 }
 
 // dispatched is what dispatch did with a claim's members: started in a
@@ -416,17 +447,19 @@ func (l *lanes) drop(ep int64, ln *lane) {
 // if there is more to do.
 func (w *WebhookWorkers) send(until time.Time, member string, ep int64) {
 	defer w.wg.Done()
+	defer w.at("sender-done")
 	w.deliver(w.ctx, until, member)
 	w.lanes.mu.Lock()
 	l := w.lanes.get(ep)
 	l.inFlight--
 	w.lanes.inFlight--
 	w.lanes.drop(ep, l)
+	more := w.lanes.more // with the sender freed: see lanes
 	w.lanes.mu.Unlock()
 	if w.stopping() {
 		return // what it parked comes due at its parked time
 	}
-	if w.hurry(ep) > 0 || w.more.Load() {
+	if w.hurry(ep) > 0 || more {
 		w.claimDue()
 	}
 }

@@ -287,6 +287,58 @@ func TestWebhookStopEndsWhatADrainStarted(t *testing.T) {
 	})
 }
 
+// TestWebhookSenderEndingAsTheClaimLoopStopsIsNotLost: one sender, two
+// due deliveries. The drain starts the first; its sender ends exactly as
+// the claim loop stops for want of a sender (held at each point where it
+// stops: the round that found no free sender, the loop that found no
+// request to go round again). Either the loop sees the sender that ended
+// or that sender claims again: the second delivery is started before the
+// drain returns, not left due until the next tick. Before, a sender that
+// ended after the round had found no free sender but before it said so
+// (more) did not claim, and the second delivery was left due.
+func TestWebhookSenderEndingAsTheClaimLoopStopsIsNotLost(t *testing.T) {
+	t.Parallel()
+	for _, point := range []string{"no-free-sender", "claim-loop-done"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
+				e := newEnv(t, db, rs, domain.Config{})
+				stalled := newStallingReceiver(t)
+				h := webhooksAt(t, e.ledger, time.Hour, stalled.srv.URL)
+				p := e.product(t, 2)
+				payOrder(t, e.ledger, p, "T1")
+				payOrder(t, e.ledger, p, "T2")
+				w := unstartedWebhookWorkers(t, queue.Config{Lease: time.Minute}, rs.Client, e.keys, h)
+				t.Cleanup(stalled.letGo)
+				w.Parallel = 1
+				held, resume, ended := make(chan struct{}), make(chan struct{}), make(chan struct{}, 2)
+				var first atomic.Bool
+				w.SetHook(func(at string) {
+					switch {
+					case at == point && first.CompareAndSwap(false, true):
+						close(held)
+						<-resume
+					case at == "sender-done":
+						ended <- struct{}{}
+					}
+				})
+				drained := make(chan struct{})
+				go func() { defer close(drained); w.Drain() }()
+				<-held          // the first delivery's sender started, the loop stopping
+				stalled.letGo() // its attempt ends now,
+				<-ended         // and its sender with it,
+				close(resume)   // before the loop stops
+				<-drained
+				if st, err := w.QueueStats(e.ctx); err != nil || st.Due != 0 {
+					t.Fatalf("after the drain: %+v, %v; want the second delivery started, none due", st, err)
+				}
+				<-ended
+				distinct(t, "the endpoint", func() []string { ids, _, _ := stalled.state(); return ids }(), 2)
+			})
+		})
+	}
+}
+
 // TestWebhookSurvivesKill9: a process records a payment (its event
 // committed with it) and is killed with SIGKILL before anything is
 // delivered; the workers of another process deliver the event once.
