@@ -250,6 +250,22 @@ func TestWebhookFlushAllLosesNothing(t *testing.T) {
 	})
 }
 
+// stalledDrainable is a stalling endpoint for order.paid (attempts time
+// out after an hour), a product of cards cards with paid of them sold and
+// paid, and workers over them that are not started (drained by the test).
+func stalledDrainable(t *testing.T, e *env, cards, paid int) (*stallingReceiver, *domain.Product, *queue.WebhookWorkers) {
+	t.Helper()
+	stalled := newStallingReceiver(t)
+	h := webhooksAt(t, e.ledger, time.Hour, stalled.srv.URL)
+	p := e.product(t, cards)
+	for i := range paid {
+		payOrder(t, e.ledger, p, fmt.Sprintf("T%d", i))
+	}
+	w := unstartedWebhookWorkers(t, queue.Config{Lease: time.Minute}, e.redis.Client, e.keys, h)
+	t.Cleanup(stalled.letGo) // before the workers stop: they wait for the requests it holds
+	return stalled, p, w
+}
+
 // TestWebhookStopEndsWhatADrainStarted: workers never started, drained
 // directly (a one-off run, a test), are stopped like started ones: Stop
 // returns only once the attempts the drain started have ended (here its
@@ -260,12 +276,7 @@ func TestWebhookStopEndsWhatADrainStarted(t *testing.T) {
 	t.Parallel()
 	webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
 		e := newEnv(t, db, rs, domain.Config{})
-		stalled := newStallingReceiver(t)
-		h := webhooksAt(t, e.ledger, time.Hour, stalled.srv.URL)
-		p := e.product(t, 2)
-		payOrder(t, e.ledger, p, "T1")
-		w := unstartedWebhookWorkers(t, queue.Config{Lease: time.Minute}, rs.Client, e.keys, h)
-		t.Cleanup(stalled.letGo) // if the test ends early: the workers' stop waits for what it holds
+		stalled, p, w := stalledDrainable(t, e, 2, 1)
 		w.Drain()
 		eventually(t, 30*time.Second, "the attempt held by the endpoint", func() bool {
 			_, held, _ := stalled.state()
@@ -279,7 +290,7 @@ func TestWebhookStopEndsWhatADrainStarted(t *testing.T) {
 		if n := w.Stats().InFlight; n != 0 {
 			t.Fatalf("%d attempts still running after Stop returned", n)
 		}
-		payOrder(t, e.ledger, p, "T2")
+		payOrder(t, e.ledger, p, "after-the-stop")
 		w.Drain()
 		if st := w.Stats(); st.InFlight != 0 || st.Attempts != 1 {
 			t.Fatalf("a drain after Stop: %+v, want nothing started", st)
@@ -303,13 +314,7 @@ func TestWebhookSenderEndingAsTheClaimLoopStopsIsNotLost(t *testing.T) {
 			t.Parallel()
 			webhookCombos(t, func(t *testing.T, db *bun.DB, rs *redistest.Server) {
 				e := newEnv(t, db, rs, domain.Config{})
-				stalled := newStallingReceiver(t)
-				h := webhooksAt(t, e.ledger, time.Hour, stalled.srv.URL)
-				p := e.product(t, 2)
-				payOrder(t, e.ledger, p, "T1")
-				payOrder(t, e.ledger, p, "T2")
-				w := unstartedWebhookWorkers(t, queue.Config{Lease: time.Minute}, rs.Client, e.keys, h)
-				t.Cleanup(stalled.letGo)
+				stalled, _, w := stalledDrainable(t, e, 2, 2)
 				w.Parallel = 1
 				held, resume, ended := make(chan struct{}), make(chan struct{}), make(chan struct{}, 2)
 				var first atomic.Bool
