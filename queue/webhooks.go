@@ -94,11 +94,19 @@ type lanes struct {
 // parked because it was full, oldest first, to be made due again one by
 // one as its senders free (at most maxRemembered: the rest come due at
 // their parked time). parked may hold members no longer parked (they came
-// due on their own and were started); isParked says which are.
+// due on their own and were started); isParked says which are. last is
+// the latest time a delivery of the lane was parked until, and atLast how
+// many were parked until it: the next one parked goes there or a timeout
+// later, behind them all. Counted from the times, not from how many are
+// parked, so a parked delivery hurried out of the front (its sender ended)
+// leaves the ones behind it where they are and the next is not parked in a
+// timeout that already holds a lane's worth.
 type lane struct {
 	inFlight int
 	parked   []string
 	isParked map[string]bool
+	last     time.Time
+	atLast   int
 }
 
 // maxRemembered bounds the parked deliveries a lane remembers.
@@ -311,25 +319,30 @@ func (w *WebhookWorkers) dispatch(c Claimed) (dispatched, error) {
 	}
 	// A parked delivery's slot: the k-th delivery waiting in its lane
 	// cannot be sent before k/PerEndpoint rounds of the lane's attempts
-	// have ended, so it is parked that many timeouts out. Parked all at
-	// one time, a hanging endpoint's backlog would come due together
-	// every timeout and be walked again ahead of every other endpoint's
-	// deliveries.
+	// have ended, so it is parked that many timeouts out: behind the
+	// ones parked before it, PerEndpoint of them per timeout (lane.slot;
+	// one hurried out of the front leaves the others where they are).
+	// Parked all at one time, a hanging endpoint's backlog would come due
+	// together every timeout and be walked again ahead of every other
+	// endpoint's deliveries.
 	now := w.cfg.Now()
 	timeout := max(w.hooks.Config.Timeout, time.Second)
 	var parked []Item
 	var back []Item
-	waiting := map[int64]int{}
+	waiting := map[int64]bool{}
 	w.lanes.mu.Lock()
 	for i, m := range c.Members {
 		ep := endpointOf(m)
 		l := w.lanes.get(ep)
 		switch {
 		case l.inFlight >= max(w.PerEndpoint, 1):
-			ahead := min(len(l.parked)+waiting[ep], maxRemembered)
-			waiting[ep]++
-			slot := 1 + ahead/max(w.PerEndpoint, 1)
-			parked = append(parked, Item{Member: m, Due: now.Add(time.Duration(slot) * timeout)})
+			if !waiting[ep] && len(l.isParked) == 0 {
+				// Nothing of the lane's waits (this claim's are
+				// remembered below): the spread starts over.
+				l.last, l.atLast = time.Time{}, 0
+			}
+			waiting[ep] = true
+			parked = append(parked, Item{Member: m, Due: l.slot(now, timeout, max(w.PerEndpoint, 1))})
 		case w.lanes.inFlight >= max(w.Parallel, 1):
 			back = append(back, asQueued(i))
 			w.lanes.drop(ep, l)
@@ -391,6 +404,25 @@ func (l *lanes) get(ep int64) *lane {
 		l.by[ep] = ln
 	}
 	return ln
+}
+
+// slot is when the next delivery parked in the lane is due: behind the
+// ones parked before it, per of them per timeout, the first a timeout from
+// now, none later than the one maxRemembered deliveries back would be.
+func (l *lane) slot(now time.Time, timeout time.Duration, per int) time.Time {
+	first, latest := now.Add(timeout), now.Add(time.Duration(1+maxRemembered/per)*timeout)
+	switch {
+	case l.last.Before(first):
+		l.last, l.atLast = first, 0
+	case l.atLast >= per:
+		if next := l.last.Add(timeout); !next.After(latest) {
+			l.last, l.atLast = next, 0
+		} else {
+			return latest
+		}
+	}
+	l.atLast++
+	return l.last
 }
 
 // remember notes a parked delivery, once.
