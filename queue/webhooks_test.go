@@ -212,14 +212,27 @@ func TestWebhookWorkersDeliverOnce(t *testing.T) {
 }
 
 // waitDelivered waits until n deliveries are DELIVERED and none PENDING.
+// It gives up only when no delivery has been recorded for a while (see
+// eventually): a backlog of hundreds is sent a lane's worth at a time,
+// and on a busy machine under -race (SQLite writing one at a time) that
+// alone can take longer than eventually's patience while never stopping.
 func waitDelivered(t testing.TB, db *bun.DB, n int) {
 	t.Helper()
-	eventually(t, 30*time.Second, "deliveries recorded DELIVERED", func() bool {
-		var delivered, pending int
+	counts := func() (delivered, pending int) {
 		db.NewSelect().Table("webhook_delivery").ColumnExpr("COUNT(*)").Where("status = ?", domain.DeliveryDelivered).Scan(context.Background(), &delivered)
 		db.NewSelect().Table("webhook_delivery").ColumnExpr("COUNT(*)").Where("status = ?", domain.DeliveryPending).Scan(context.Background(), &pending)
-		return delivered == n && pending == 0
-	})
+		return delivered, pending
+	}
+	for {
+		last, pending := counts()
+		if last == n && pending == 0 {
+			return
+		}
+		eventually(t, 30*time.Second, fmt.Sprintf("deliveries recorded DELIVERED (%d of %d so far)", last, n), func() bool {
+			delivered, pending := counts()
+			return delivered > last || delivered == n && pending == 0
+		})
+	}
 }
 
 // TestWebhookFlushAllLosesNothing: deliveries fanned out and queued, then
