@@ -699,7 +699,7 @@ func (h *Webhooks) Deliver(ctx context.Context, id int64) (*WebhookDelivery, err
 		return nil, err
 	}
 	if !e.Enabled || !e.DeletedAt.IsZero() {
-		if _, err := apply(ctx, l.db, DeliveryCancel, l.now(), whereAttempt(d, d.Attempts)); err != nil {
+		if _, err := applyAlone(ctx, l.db, DeliveryCancel, l.now(), whereAttempt(d, d.Attempts)); err != nil {
 			return nil, err
 		}
 		h.observe(OutcomeCancelled, 0)
@@ -709,7 +709,7 @@ func (h *Webhooks) Deliver(ctx context.Context, id int64) (*WebhookDelivery, err
 	// Until it reports, the delivery is not due (a crash brings it back
 	// once the attempt's time is up).
 	attempt := d.Attempts + 1
-	n, err := apply(ctx, l.db, DeliveryAttempt, l.now(), func(q *bun.UpdateQuery) *bun.UpdateQuery {
+	n, err := applyAlone(ctx, l.db, DeliveryAttempt, l.now(), func(q *bun.UpdateQuery) *bun.UpdateQuery {
 		return whereAttempt(d, d.Attempts)(q).Where("next_attempt_at <= ?", due)
 	}, col("attempts = ?", attempt), col("last_attempt_at = ?", l.now()), col("next_attempt_at = ?", due.Add(2*h.Config.Timeout+time.Minute)))
 	if err != nil {
@@ -720,6 +720,22 @@ func (h *Webhooks) Deliver(ctx context.Context, id int64) (*WebhookDelivery, err
 	}
 	status, latency, snippet, sendErr := h.send(ctx, d, &e)
 	return h.record(ctx, d, &e, attempt, status, latency, snippet, sendErr)
+}
+
+// applyAlone is apply in a transaction of its own, as inTx runs it: at
+// READ COMMITTED, and again when the database made it a deadlock's victim.
+// Alone, at MariaDB's default REPEATABLE READ, the attempt's update scans
+// the (status, next_attempt_at) index with next-key locks and deadlocks
+// with another delivery's update; the victim's attempt was left taken but
+// unrecorded (a sent delivery sent again once its attempt's time is up).
+func applyAlone(ctx context.Context, db *bun.DB, t Transition, now time.Time, key func(*bun.UpdateQuery) *bun.UpdateQuery, cols ...column) (int64, error) {
+	var n int64
+	err := inTx(ctx, db, func(ctx context.Context, tx bun.Tx) error {
+		var err error
+		n, err = apply(ctx, tx, t, now, key, cols...)
+		return err
+	})
+	return n, err
 }
 
 func (h *Webhooks) delivery(ctx context.Context, id int64) (*WebhookDelivery, error) {
@@ -884,11 +900,11 @@ func (h *Webhooks) record(ctx context.Context, d *WebhookDelivery, e *WebhookEnd
 	var err error
 	switch {
 	case sendErr == nil && status >= 200 && status < 300:
-		_, err = apply(ctx, l.db, DeliveryDeliver, now, whereAttempt(d, attempt), append(cols, col("delivered_at = ?", now), col("next_attempt_at = NULL"))...)
+		_, err = applyAlone(ctx, l.db, DeliveryDeliver, now, whereAttempt(d, attempt), append(cols, col("delivered_at = ?", now), col("next_attempt_at = NULL"))...)
 	case attempt >= h.Config.MaxAttempts():
 		outcome = OutcomeFailed
 		var n int64
-		n, err = apply(ctx, l.db, DeliveryGiveUp, now, whereAttempt(d, attempt), append(cols, col("next_attempt_at = NULL"))...)
+		n, err = applyAlone(ctx, l.db, DeliveryGiveUp, now, whereAttempt(d, attempt), append(cols, col("next_attempt_at = NULL"))...)
 		if err == nil && n == 1 {
 			h.Alerts.Alert(ctx, Alert{Kind: "webhook_failed", Subject: fmt.Sprintf("endpoint %d", e.ID),
 				Message: fmt.Sprintf("event %d was not delivered to %s after %d attempts: %s; send it again with redeliverWebhookEvent",
@@ -896,7 +912,7 @@ func (h *Webhooks) record(ctx context.Context, d *WebhookDelivery, e *WebhookEnd
 		}
 	default:
 		outcome = OutcomeRetry
-		_, err = apply(ctx, l.db, DeliveryAttempt, now, whereAttempt(d, attempt),
+		_, err = applyAlone(ctx, l.db, DeliveryAttempt, now, whereAttempt(d, attempt),
 			append(cols, col("next_attempt_at = ?", l.DBTime().Add(h.Config.backoff(attempt))))...)
 	}
 	if err != nil {

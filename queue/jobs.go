@@ -83,12 +83,14 @@ func (j *jobs) run(log *slog.Logger, what string, specs []cronJob, background ..
 	return nil
 }
 
-// stop stops scheduling jobs and waits for the running ones and the loops
-// to finish their batch. If ctx ends first, the work in flight is
-// cancelled and ctx's error is returned.
+// stop stops scheduling jobs and waits for the running ones, the loops and
+// the work the worker counts in wg to finish their batch. If ctx ends
+// first, the work in flight is cancelled and ctx's error is returned. A
+// worker never started is stopped too if it has its work context
+// (newJobs): what a direct call of its drain started is waited for.
 func (j *jobs) stop(ctx context.Context) error {
-	if !j.started {
-		return nil
+	if j.stopped == nil {
+		return nil // never started, and nothing runs without Start
 	}
 	select {
 	case <-j.stopped:

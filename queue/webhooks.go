@@ -57,18 +57,36 @@ type WebhookWorkers struct {
 
 	lanes lanes
 	// claiming is held by the one claim loop of this process; again asks
-	// it to go round once more; more says it stopped with due deliveries
-	// possibly left (no free sender), so a sender that ends claims again.
-	claiming    sync.Mutex
-	again, more atomic.Bool
+	// it to go round once more (the loop looks at it again after it lets
+	// go of claiming, so a request made while it stops is not lost).
+	claiming sync.Mutex
+	again    atomic.Bool
+
+	// hook, set by tests only (before the workers run), is called at the
+	// named points of the claim loop and of a sender, to hold a goroutine
+	// exactly there.
+	hook func(point string)
 
 	jobs
 }
 
-// lanes are the attempts in flight, in all and per endpoint.
+// at calls the test hook at point.
+func (w *WebhookWorkers) at(point string) {
+	if w.hook != nil {
+		w.hook(point)
+	}
+}
+
+// lanes are the attempts in flight, in all and per endpoint. more says
+// the claim loop stopped with due deliveries possibly left (no free
+// sender), so a sender that ends claims again: the loop sets it in the
+// step that finds no sender free and a sender reads it in the step that
+// frees its own, so a sender ending at any moment is either seen free by
+// the loop or sees more.
 type lanes struct {
 	mu       sync.Mutex
 	inFlight int
+	more     bool
 	by       map[int64]*lane
 }
 
@@ -76,11 +94,19 @@ type lanes struct {
 // parked because it was full, oldest first, to be made due again one by
 // one as its senders free (at most maxRemembered: the rest come due at
 // their parked time). parked may hold members no longer parked (they came
-// due on their own and were started); isParked says which are.
+// due on their own and were started); isParked says which are. last is
+// the latest time a delivery of the lane was parked until, and atLast how
+// many were parked until it: the next one parked goes there or a timeout
+// later, behind them all. Counted from the times, not from how many are
+// parked, so a parked delivery hurried out of the front (its sender ended)
+// leaves the ones behind it where they are and the next is not parked in a
+// timeout that already holds a lane's worth.
 type lane struct {
 	inFlight int
 	parked   []string
 	isParked map[string]bool
+	last     time.Time
+	atLast   int
 }
 
 // maxRemembered bounds the parked deliveries a lane remembers.
@@ -154,10 +180,14 @@ func (w *WebhookWorkers) Start(ctx context.Context) error {
 
 // Stop stops the jobs and waits for the attempts in flight; if ctx ends
 // first they are cancelled (their deliveries come back after their lease).
+// Workers never started are stopped too: the attempts a direct Drain
+// started are waited for, and no Drain starts any after.
 func (w *WebhookWorkers) Stop(ctx context.Context) error { return w.stop(ctx) }
 
 // Drain fans out new events and starts an attempt at every due delivery
-// its lane has room for; it does not wait for them.
+// its lane has room for; it does not wait for them (a sender that ends
+// claims again, so there is no batch to wait for), started or not: Stop
+// does.
 func (w *WebhookWorkers) Drain() {
 	if w.stopping() || !w.bo.ready() {
 		return
@@ -171,7 +201,9 @@ func (w *WebhookWorkers) Drain() {
 }
 
 // claimDue runs the claim loop, or, when it is running, has it go round
-// once more.
+// once more: the request (again) is made before the lock is tried, and the
+// loop looks for one after it lets go of the lock, so a request is either
+// seen by the loop or made when the lock is free.
 func (w *WebhookWorkers) claimDue() {
 	w.again.Store(true)
 	for w.again.Load() && !w.stopping() && w.bo.ready() {
@@ -180,6 +212,7 @@ func (w *WebhookWorkers) claimDue() {
 		}
 		w.again.Store(false)
 		w.claimRound()
+		w.at("claim-loop-done")
 		w.claiming.Unlock()
 	}
 }
@@ -196,9 +229,12 @@ func (w *WebhookWorkers) claimRound() {
 		}
 		w.lanes.mu.Lock()
 		free := max(w.Parallel, 1) - w.lanes.inFlight
+		if free <= 0 {
+			w.lanes.more = true
+		}
 		w.lanes.mu.Unlock()
 		if free <= 0 {
-			w.more.Store(true)
+			w.at("no-free-sender")
 			return
 		}
 		n := min(max(w.Batch, 1), free)
@@ -220,12 +256,19 @@ func (w *WebhookWorkers) claimRound() {
 			return
 		}
 		if len(c.Members) < n && !got.hurried && got.putBack == 0 {
-			w.more.Store(false)
+			w.setMore(false)
 			return
 		}
 		walking = got.parked > got.started && got.putBack == 0
 	}
-	w.more.Store(true)
+	w.setMore(true)
+}
+
+// setMore sets lanes.more.
+func (w *WebhookWorkers) setMore(more bool) {
+	w.lanes.mu.Lock()
+	w.lanes.more = more
+	w.lanes.mu.Unlock()
 }
 
 // dispatched is what dispatch did with a claim's members: started in a
@@ -276,25 +319,30 @@ func (w *WebhookWorkers) dispatch(c Claimed) (dispatched, error) {
 	}
 	// A parked delivery's slot: the k-th delivery waiting in its lane
 	// cannot be sent before k/PerEndpoint rounds of the lane's attempts
-	// have ended, so it is parked that many timeouts out. Parked all at
-	// one time, a hanging endpoint's backlog would come due together
-	// every timeout and be walked again ahead of every other endpoint's
-	// deliveries.
+	// have ended, so it is parked that many timeouts out: behind the
+	// ones parked before it, PerEndpoint of them per timeout (lane.slot;
+	// one hurried out of the front leaves the others where they are).
+	// Parked all at one time, a hanging endpoint's backlog would come due
+	// together every timeout and be walked again ahead of every other
+	// endpoint's deliveries.
 	now := w.cfg.Now()
 	timeout := max(w.hooks.Config.Timeout, time.Second)
 	var parked []Item
 	var back []Item
-	waiting := map[int64]int{}
+	waiting := map[int64]bool{}
 	w.lanes.mu.Lock()
 	for i, m := range c.Members {
 		ep := endpointOf(m)
 		l := w.lanes.get(ep)
 		switch {
 		case l.inFlight >= max(w.PerEndpoint, 1):
-			ahead := min(len(l.parked)+waiting[ep], maxRemembered)
-			waiting[ep]++
-			slot := 1 + ahead/max(w.PerEndpoint, 1)
-			parked = append(parked, Item{Member: m, Due: now.Add(time.Duration(slot) * timeout)})
+			if !waiting[ep] && len(l.isParked) == 0 {
+				// Nothing of the lane's waits (this claim's are
+				// remembered below): the spread starts over.
+				l.last, l.atLast = time.Time{}, 0
+			}
+			waiting[ep] = true
+			parked = append(parked, Item{Member: m, Due: l.slot(now, timeout, max(w.PerEndpoint, 1))})
 		case w.lanes.inFlight >= max(w.Parallel, 1):
 			back = append(back, asQueued(i))
 			w.lanes.drop(ep, l)
@@ -358,6 +406,25 @@ func (l *lanes) get(ep int64) *lane {
 	return ln
 }
 
+// slot is when the next delivery parked in the lane is due: behind the
+// ones parked before it, per of them per timeout, the first a timeout from
+// now, none later than the one maxRemembered deliveries back would be.
+func (l *lane) slot(now time.Time, timeout time.Duration, per int) time.Time {
+	first, latest := now.Add(timeout), now.Add(time.Duration(1+maxRemembered/per)*timeout)
+	switch {
+	case l.last.Before(first):
+		l.last, l.atLast = first, 0
+	case l.atLast >= per:
+		if next := l.last.Add(timeout); !next.After(latest) {
+			l.last, l.atLast = next, 0
+		} else {
+			return latest
+		}
+	}
+	l.atLast++
+	return l.last
+}
+
 // remember notes a parked delivery, once.
 func (l *lane) remember(m string) {
 	if l.isParked[m] || len(l.parked) >= maxRemembered {
@@ -412,17 +479,19 @@ func (l *lanes) drop(ep int64, ln *lane) {
 // if there is more to do.
 func (w *WebhookWorkers) send(until time.Time, member string, ep int64) {
 	defer w.wg.Done()
+	defer w.at("sender-done")
 	w.deliver(w.ctx, until, member)
 	w.lanes.mu.Lock()
 	l := w.lanes.get(ep)
 	l.inFlight--
 	w.lanes.inFlight--
 	w.lanes.drop(ep, l)
+	more := w.lanes.more // with the sender freed: see lanes
 	w.lanes.mu.Unlock()
 	if w.stopping() {
 		return // what it parked comes due at its parked time
 	}
-	if w.hurry(ep) > 0 || w.more.Load() {
+	if w.hurry(ep) > 0 || more {
 		w.claimDue()
 	}
 }
