@@ -95,8 +95,17 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		q := u.Query()
 		if q.Get("default_query_exec_mode") == "" {
 			q.Set("default_query_exec_mode", "exec")
-			u.RawQuery = q.Encode()
 		}
+		// bun writes a string as '...' with only its quotes doubled, and
+		// pgx reads text as UTF-8: with a database's or role's
+		// standard_conforming_strings off a backslash in a contact would be
+		// an escape, and another client_encoding would store other
+		// characters. The session asks for both at its start (a setting
+		// of the client's outranks the database's and the role's). The
+		// simple protocol refused such sessions; "exec" does not look.
+		q.Set("standard_conforming_strings", "on")
+		q.Set("client_encoding", "UTF8")
+		u.RawQuery = q.Encode()
 		sqldb, err = openSQL("pgx", u.String(), opts.WrapConnector)
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)

@@ -1,0 +1,157 @@
+package domain_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+)
+
+// openPG opens a fresh PostgreSQL schema through domain.OpenDB with the
+// extra URL parameters extra (a query exec mode, a session setting a
+// server, database or role may carry).
+func openPG(t *testing.T, extra map[string]string) *bun.DB {
+	t.Helper()
+	u, err := url.Parse(dbtest.URL(t, dbtest.Postgres))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	for k, v := range extra {
+		q.Set(k, v)
+	}
+	u.RawQuery = q.Encode()
+	db, err := domain.OpenDB(context.Background(), u.String(), t.TempDir(), domain.DBOptions{MaxOpenConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// scanned is a row of every kind of value kami reads back.
+type scanned struct {
+	TS    time.Time  `bun:"ts"`
+	NullT *time.Time `bun:"null_t"`
+	B     []byte     `bun:"b"`
+	Yes   bool       `bun:"yes"`
+	Big   int64      `bun:"big"`
+	Small int32      `bun:"small"`
+	Num   string     `bun:"num"`
+	Text  string     `bun:"text"`
+	Null  *string    `bun:"null_s"`
+	Arr   []string   `bun:"arr,array"`
+	F     float64    `bun:"f"`
+}
+
+// TestPGExecModeScansAsSimpleProtocol: the values kami reads come back the
+// same whether pgx runs the statement in the simple protocol or as the
+// extended protocol's unnamed statement (both ask for text results).
+func TestPGExecModeScansAsSimpleProtocol(t *testing.T) {
+	t.Parallel()
+	const q = `SELECT CAST(? AS TIMESTAMPTZ) AS ts, CAST(NULL AS TIMESTAMPTZ) AS null_t, CAST(? AS BYTEA) AS b,
+		? AS yes, CAST(? AS BIGINT) AS big, CAST(? AS INTEGER) AS small, CAST('12345678901234.5678' AS NUMERIC(20,4)) AS num,
+		? AS text, CAST(NULL AS TEXT) AS null_s, ARRAY['a', 'b,c', 'd"e', NULL]::text[] AS arr, CAST(0.1 AS DOUBLE PRECISION) AS f`
+	ts := time.Date(2026, 12, 2, 14, 3, 4, 123456000, time.UTC)
+	args := []any{ts, []byte{0, 1, 0xfe, '\'', '\\'}, true, int64(-1) << 62, int32(-7), "卡密 'quoted' \\ back\\slash"}
+	var got [2]scanned
+	for i, mode := range []string{"simple_protocol", "exec"} {
+		db := openPG(t, map[string]string{"default_query_exec_mode": mode})
+		if err := db.NewRaw(q, args...).Scan(context.Background(), &got[i]); err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		if !got[i].TS.Equal(ts) || got[i].B[4] != '\\' || got[i].Text != args[5] || got[i].Big != int64(-1)<<62 {
+			t.Errorf("%s: scanned %+v", mode, got[i])
+		}
+	}
+	if !reflect.DeepEqual(got[0], got[1]) {
+		t.Errorf("simple protocol scanned %+v\nexec scanned            %+v", got[0], got[1])
+	}
+}
+
+// TestPGOneStatementPerQuery records what the exec mode refuses: a read
+// (or a write with RETURNING) of several statements in one call. A write
+// without arguments still goes as the simple protocol (pgx's Exec does
+// so whatever the mode), so several statements there still run.
+func TestPGOneStatementPerQuery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openPG(t, nil)
+	if _, err := db.ExecContext(ctx, "SELECT 1; SELECT 2"); err != nil {
+		t.Errorf("two statements through Exec: %v", err)
+	}
+	var n int
+	err := db.NewRaw("SELECT 1; SELECT 2").Scan(ctx, &n)
+	if err == nil || !strings.Contains(err.Error(), "42601") {
+		t.Errorf("two statements through a query: %v (n=%d), want 42601", err, n)
+	}
+}
+
+// TestPGSessionSettingsBunNeeds: bun writes every string into the SQL text
+// as '...' with only its quotes doubled, and pgx reads every text as
+// UTF-8; both hold only with standard_conforming_strings on and
+// client_encoding UTF8. A role (or database) set otherwise must not turn
+// a backslash in a contact into an escape, nor store a name as another
+// encoding's characters. The simple protocol refused such sessions
+// outright; the exec mode does not look, so kami's sessions ask for both.
+func TestPGSessionSettingsBunNeeds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := domain.OpenDB(ctx, dbtest.PostgresURL(), "", domain.DBOptions{MaxOpenConns: 1})
+	if err != nil {
+		if dbtest.Required() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	for _, mode := range []string{"simple_protocol", ""} {
+		for _, setting := range []string{"standard_conforming_strings = off", "client_encoding = 'GBK'"} {
+			b := make([]byte, 6)
+			rand.Read(b)
+			role := "kt_role_" + hex.EncodeToString(b)
+			if _, err := admin.ExecContext(ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP ROLE "+role) })
+			if _, err := admin.ExecContext(ctx, "ALTER ROLE "+role+" SET "+setting); err != nil {
+				t.Fatal(err)
+			}
+			u, _ := url.Parse(dbtest.PostgresURL())
+			u.User = url.User(role)
+			q := u.Query()
+			if mode != "" {
+				q.Set("default_query_exec_mode", mode)
+			}
+			u.RawQuery = q.Encode()
+			db, err := domain.OpenDB(ctx, u.String(), "", domain.DBOptions{MaxOpenConns: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := `C:\new\table 卡密`
+			var got struct {
+				S string `bun:"s"`
+				N int    `bun:"n"`
+			}
+			err = db.NewRaw("SELECT ? AS s, char_length(?) AS n", s, s).Scan(ctx, &got)
+			db.Close()
+			if err != nil {
+				// Refusing to work at all is safe too (the simple protocol did).
+				t.Logf("mode %q, role with %s: refused: %v", mode, setting, err)
+				continue
+			}
+			if got.S != s || got.N != len([]rune(s)) {
+				t.Errorf("mode %q, role with %s: SELECT %q read back %q, %d characters", mode, setting, s, got.S, got.N)
+			}
+		}
+	}
+}
