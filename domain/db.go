@@ -85,13 +85,16 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		// bun writes the arguments into the SQL text itself, so every
 		// statement is new to the server: preparing and caching each one
 		// (pgx's default) would cost a round trip and fill the cache.
-		// "exec" sends the text once, unprepared, in one round trip (the
-		// extended protocol's unnamed statement, no parameters). Not
+		// "exec" sends a read, or a write with RETURNING, once, unprepared,
+		// in one round trip (the extended protocol's unnamed statement, no
+		// parameters, one statement per call, as MySQL needs anyway); a
+		// write that returns nothing still goes as the simple protocol
+		// (pgx sends a call without arguments so whatever the mode). Not
 		// "simple_protocol": for every statement that returns rows pgx
 		// then lexes the whole text again looking for placeholders, even
 		// with no arguments, and copies it; a 500-order batch's statement
 		// is tens of kilobytes, and that pass was a tenth of kami's CPU
-		// in a close drain. One statement per call, as MySQL needs anyway.
+		// in a close drain.
 		q := u.Query()
 		if q.Get("default_query_exec_mode") == "" {
 			q.Set("default_query_exec_mode", "exec")

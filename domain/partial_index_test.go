@@ -342,8 +342,9 @@ func TestSweeperNextPageSeeks(t *testing.T) {
 	}
 }
 
-// execEach runs each statement on its own: kami's PostgreSQL sessions send
-// one statement per call (the extended protocol, see domain.Open).
+// execEach runs each statement on its own, as kami's own code does: on
+// PostgreSQL a read is one statement per call (the extended protocol, see
+// domain.OpenDB).
 func execEach(ctx context.Context, tx bun.Tx, stmts ...string) error {
 	for _, s := range stmts {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
