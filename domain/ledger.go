@@ -246,24 +246,43 @@ func (l *Ledger) localDBNow() time.Time {
 	return time.Now().UTC().Truncate(time.Microsecond)
 }
 
+// clockSamples is how many times SyncClock reads the database's clock.
+const clockSamples = 3
+
 // SyncClock measures how far the database's clock is from Now, for
 // DBTime. The close workers call it at start and at every lease recovery.
+// It reads the database's clock clockSamples times and keeps the read
+// with the shortest round trip, and it takes that read to have been made
+// at the round trip's end: DBTime is then never ahead of the database's
+// clock, only behind it by at most that round trip. Taken at the middle
+// (as before), a round trip stretched on the way out (this process
+// descheduled on a busy machine between reading its clock and sending)
+// put DBTime ahead by half of it until the next sync, and the queues
+// claimed orders before the database held them due: each one a NOT_DUE
+// close, rescheduled, and counted against the close success rate.
 func (l *Ledger) SyncClock(ctx context.Context) error {
-	before := l.Now()
-	db, err := l.DBNow(ctx)
-	after := l.Now()
-	if err != nil {
-		return err
+	best := time.Duration(-1)
+	var offset time.Duration
+	for range clockSamples {
+		before := l.Now()
+		db, err := l.DBNow(ctx)
+		after := l.Now()
+		if err != nil {
+			return err
+		}
+		if rtt := after.Sub(before); best < 0 || rtt < best {
+			best, offset = rtt, db.Sub(after)
+		}
 	}
-	l.clockOffset.Store(int64(db.Sub(before.Add(after.Sub(before) / 2))))
+	l.clockOffset.Store(int64(offset))
 	return nil
 }
 
 // DBTime is the database's clock as this process knows it without asking:
-// Now corrected by the offset SyncClock last measured (off by at most half
-// a round trip and the drift since). The queues judge due times and
-// leases by it, so a process with a fast clock neither claims early nor
-// takes over another's lease.
+// Now corrected by the offset SyncClock last measured (behind by at most
+// a round trip, never ahead, give or take the drift since). The queues
+// judge due times and leases by it, so a process with a fast clock
+// neither claims early nor takes over another's lease.
 func (l *Ledger) DBTime() time.Time {
 	return l.now().Add(time.Duration(l.clockOffset.Load())).Truncate(time.Microsecond)
 }

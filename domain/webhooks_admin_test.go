@@ -198,3 +198,29 @@ func TestWebhookStaleAttemptAfterResend(t *testing.T) {
 		}
 	})
 }
+
+// TestDBTimeNeverAheadOfTheDatabase: a clock read whose round trip was
+// stretched on the way out (the process descheduled between reading its
+// own clock and sending the query, on a busy machine) leaves DBTime
+// behind the database's clock, never ahead of it. Before, SyncClock took
+// the database's read to be at the round trip's middle, and DBTime ran
+// ahead by half of it: the close queue then claimed orders the database
+// did not hold due yet.
+func TestDBTimeNeverAheadOfTheDatabase(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		// The database's clock is this process's (no skew); reading it
+		// takes a minute of this process's time before the database reads.
+		b.ledger.DBClock = func() time.Time {
+			b.clock.Advance(time.Minute)
+			return b.clock.Now()
+		}
+		if err := b.ledger.SyncClock(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if est, db := b.ledger.DBTime(), b.clock.Now(); est.After(db) {
+			t.Fatalf("DBTime %v is ahead of the database's clock %v by %v", est, db, est.Sub(db))
+		}
+	})
+}
