@@ -65,8 +65,7 @@ func (c *mailWaitingCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	n, err := c.ledger.WaitingMails(ctx)
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(mailWaitingDesc, err)
-		return
+		return // nothing, not an invalid metric: see webhookCollector
 	}
 	ch <- prometheus.MustNewConstMetric(mailWaitingDesc, prometheus.GaugeValue, float64(n[""]), "none")
 	for _, o := range domain.MailOutcomes {

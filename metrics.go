@@ -294,7 +294,11 @@ func (m *metrics) watchWebhooks(h *domain.Webhooks) { m.reg.MustRegister(&webhoo
 
 // webhookCollector reads the outbox's backlog from the database at scrape
 // time: what waits to be fanned out, what waits to be delivered, and the
-// age of the oldest event not delivered yet.
+// age of the oldest event not delivered yet. When the database cannot be
+// read it sends nothing (kami_stock_up says so): an invalid metric would
+// make promhttp answer the whole scrape with a 500, every other series of
+// the process (Redis's queues, the counters) lost with it
+// (TestMetricsServedWhileTheDatabaseCannotBeRead).
 type webhookCollector struct{ hooks *domain.Webhooks }
 
 var (
@@ -314,8 +318,7 @@ func (c *webhookCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	b, err := c.hooks.Backlog(ctx)
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(webhookBacklogDesc, err)
-		return
+		return // nothing, not an invalid metric: see webhookCollector
 	}
 	ch <- prometheus.MustNewConstMetric(webhookBacklogDesc, prometheus.GaugeValue, float64(b.Events), "events")
 	ch <- prometheus.MustNewConstMetric(webhookBacklogDesc, prometheus.GaugeValue, float64(b.Pending), "deliveries")
