@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"kami/domain"
@@ -45,6 +46,77 @@ func TestMetricsServedWhileTheDatabaseCannotBeRead(t *testing.T) {
 	for _, gone := range []string{"kami_mail_waiting{", "kami_webhook_backlog{"} {
 		if strings.Contains(string(b), gone) {
 			t.Errorf("/metrics shows %s with the database unreadable", gone)
+		}
+	}
+}
+
+// blockingCollector holds every scrape in Collect until release is closed,
+// saying on entered that one came in.
+type blockingCollector struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+var blockingDesc = prometheus.NewDesc("kami_test_blocking", "A scrape held by the test.", nil, nil)
+
+func (c *blockingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- blockingDesc }
+
+func (c *blockingCollector) Collect(ch chan<- prometheus.Metric) {
+	c.entered <- struct{}{}
+	<-c.release
+	ch <- prometheus.MustNewConstMetric(blockingDesc, prometheus.GaugeValue, 1)
+}
+
+// TestMetricsScrapesAtOnceAreBounded: each scrape reads the database, and
+// /metrics is open to anyone without KAMI_METRICS_TOKEN; while
+// metricsScrapesAtOnce scrapes are being answered, another is answered 503
+// at once instead of reading the database beside them.
+func TestMetricsScrapesAtOnceAreBounded(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := &blockingCollector{entered: make(chan struct{}, 16), release: make(chan struct{})}
+	reg.MustRegister(c)
+	srv := httptest.NewServer(metricsHandler(reg, ""))
+	defer srv.Close()
+	var released bool
+	release := func() {
+		if !released {
+			released = true
+			close(c.release)
+		}
+	}
+	defer release()
+	get := func() <-chan int {
+		out := make(chan int, 1)
+		go func() {
+			res, err := http.Get(srv.URL)
+			if err != nil {
+				out <- 0
+				return
+			}
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			out <- res.StatusCode
+		}()
+		return out
+	}
+	held := make([]<-chan int, metricsScrapesAtOnce)
+	for i := range held {
+		held[i] = get()
+		<-c.entered
+	}
+	select {
+	case code := <-get():
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("a scrape beside %d held ones: %d, want 503", metricsScrapesAtOnce, code)
+		}
+	case <-c.entered:
+		t.Errorf("a scrape beside %d held ones read the metrics too", metricsScrapesAtOnce)
+	}
+	release()
+	for _, h := range held {
+		if code := <-h; code != http.StatusOK {
+			t.Errorf("a held scrape: %d, want 200", code)
 		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
@@ -484,7 +485,7 @@ func (a *app) routes(events *queue.Events) http.Handler {
 	mux.Handle("GET /{$}", pg)
 	mux.Handle("GET "+playground.Prefix, pg)
 	mux.Handle("GET /favicon.ico", pg)
-	mux.Handle("GET /metrics", bearerOnly(a.cfg.MetricsToken, promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{})))
+	mux.Handle("GET /metrics", metricsHandler(a.metrics.reg, a.cfg.MetricsToken))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
@@ -600,6 +601,19 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		b.rc.SetReadDeadline(time.Now().Add(b.d))
 	}
 	return n, err
+}
+
+// metricsScrapesAtOnce bounds the scrapes /metrics answers at once; more
+// are answered 503 at once. Each scrape reads the database (the stock, the
+// webhook outbox, the mails waiting: up to 5 s each) and Redis, and
+// /metrics is open to anyone when KAMI_METRICS_TOKEN is unset: unbounded,
+// a flood of scrapes would hold the connections the orders and payments
+// need. Two let a pair of Prometheus servers scrape together.
+const metricsScrapesAtOnce = 2
+
+// metricsHandler serves reg's metrics, behind token when it is set.
+func metricsHandler(reg *prometheus.Registry, token string) http.Handler {
+	return bearerOnly(token, promhttp.HandlerFor(reg, promhttp.HandlerOpts{MaxRequestsInFlight: metricsScrapesAtOnce}))
 }
 
 // bearerOnly asks for "Authorization: Bearer token" when token is set.
