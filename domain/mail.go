@@ -252,12 +252,16 @@ func (l *Ledger) OrderMails(ctx context.Context, orderNo string) ([]MailSend, er
 	return ms, err
 }
 
+// openMails are the statuses of a mail not sent yet: waiting for an
+// attempt, or in one.
+var openMails = []MailStatus{MailQueued, MailSending}
+
 // OpenMails lists mails QUEUED or SENDING, by due time, for the sweeper
 // that rebuilds the mail queue.
 func (l *Ledger) OpenMails(ctx context.Context, limit int) ([]MailSend, error) {
 	var ms []MailSend
 	err := l.db.NewSelect().Model(&ms).Column("id", "status", "next_due_at").
-		Where("status IN (?)", bun.List([]MailStatus{MailQueued, MailSending})).
+		Where("status IN (?)", bun.List(openMails)).
 		OrderExpr("next_due_at, id").Limit(int64(limit)).Scan(ctx)
 	return ms, err
 }
@@ -273,8 +277,8 @@ func (l *Ledger) WaitingMails(ctx context.Context) (map[MailOutcome]int64, error
 		LastOutcome MailOutcome `bun:"last_outcome"`
 		N           int64       `bun:"n"`
 	}
-	err := l.db.NewSelect().TableExpr("mail_sends").ColumnExpr("last_outcome, COUNT(*) AS n").
-		Where("status IN (?)", bun.List([]MailStatus{MailQueued, MailSending})).GroupExpr("last_outcome").Scan(ctx, &rows)
+	err := l.db.NewSelect().Model((*MailSend)(nil)).ColumnExpr("last_outcome, COUNT(*) AS n").
+		Where("status IN (?)", bun.List(openMails)).GroupExpr("last_outcome").Scan(ctx, &rows)
 	if err != nil {
 		return nil, err
 	}
