@@ -28,9 +28,12 @@ func TestReconcileRepairs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := a.db.NewUpdate().Table("orders").Set("expires_at = ?", time.Now().UTC().Add(-time.Hour)).
-			Where("order_no = ?", lost.Order.OrderNo).Exec(ctx); err != nil {
-			t.Fatal(err)
+		overdue := time.Now().UTC().Add(-time.Hour)
+		for _, table := range []string{"orders", "pending_order"} {
+			if _, err := a.db.NewUpdate().Table(table).Set("expires_at = ?", overdue).
+				Where("order_no = ?", lost.Order.OrderNo).Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
 		}
 		// A wrong stock counter.
 		gate := a.shop.Gate.(*queue.StockGate)

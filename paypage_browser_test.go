@@ -63,8 +63,10 @@ func TestPayPageInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		due := time.Now().UTC().Add(margin)
-		if _, err := ta.db.NewUpdate().Table("orders").Set("expires_at = ?", due).Where("order_no = ?", co.Order.OrderNo).Exec(ctx); err != nil {
-			t.Fatal(err)
+		for _, table := range []string{"orders", "pending_order"} {
+			if _, err := ta.db.NewUpdate().Table(table).Set("expires_at = ?", due).Where("order_no = ?", co.Order.OrderNo).Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := ta.shop.Scheduler.ScheduleClose(ctx, co.Order.OrderNo, due); err != nil {
 			t.Fatal(err)

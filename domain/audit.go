@@ -24,6 +24,8 @@ func (v Violation) String() string { return fmt.Sprintf("%s %s: %s", v.Rule, v.S
 //
 //   - locked_without_pending: no card is LOCKED unless a PENDING order holds it;
 //   - pending_card_count: a PENDING order holds exactly quantity LOCKED cards;
+//   - pending_row: an order is PENDING exactly when pending_order has its
+//     row, and the row says what the order does;
 //   - delivered_card_count: a delivered order has exactly quantity SOLD
 //     cards, and an order never delivered has none;
 //   - sold_without_delivery: every SOLD card belongs to a delivered order
@@ -42,7 +44,7 @@ func (l *Ledger) Audit(ctx context.Context) ([]Violation, error) {
 	err := snapshotTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		out = nil
 		for _, check := range []func(context.Context, bun.IDB) ([]Violation, error){
-			auditLockedCards, auditPendingOrders, auditDeliveredOrders, auditSoldCards, auditRefunds, auditStockFlow,
+			auditLockedCards, auditPendingOrders, auditPendingRows, auditDeliveredOrders, auditSoldCards, auditRefunds, auditStockFlow,
 			auditBatches, auditWithdrawn,
 		} {
 			vs, err := check(ctx, tx)
@@ -108,6 +110,35 @@ func auditPendingOrders(ctx context.Context, db bun.IDB) ([]Violation, error) {
 	for _, r := range rows {
 		vs = append(vs, Violation{"pending_card_count", "order " + r.OrderNo,
 			fmt.Sprintf("PENDING with %d LOCKED cards, want %d", r.N, r.Quantity)})
+	}
+	return vs, err
+}
+
+func auditPendingRows(ctx context.Context, db bun.IDB) ([]Violation, error) {
+	var missing []string
+	if err := db.NewSelect().TableExpr("orders AS o").
+		Join("LEFT JOIN pending_order AS p ON p.order_no = o.order_no").ColumnExpr("o.order_no").
+		Where("o.status = ?", OrderPending).
+		Where("(p.order_no IS NULL OR p.product_id <> o.product_id OR p.quantity <> o.quantity OR p.contact <> o.contact "+
+			"OR p.client_addr <> o.client_addr OR p.expires_at <> o.expires_at)").
+		Limit(auditLimit).Scan(ctx, &missing); err != nil {
+		return nil, err
+	}
+	var stale []struct {
+		OrderNo string `bun:"order_no"`
+		Status  string `bun:"order_status"`
+	}
+	err := db.NewSelect().TableExpr("pending_order AS p").
+		Join("LEFT JOIN orders AS o ON o.order_no = p.order_no").
+		ColumnExpr("p.order_no, COALESCE(o.status, '') AS order_status").
+		Where("o.id IS NULL OR o.status <> ?", OrderPending).
+		Limit(auditLimit).Scan(ctx, &stale)
+	var vs []Violation
+	for _, no := range missing {
+		vs = append(vs, Violation{"pending_row", "order " + no, "PENDING without its row in pending_order, or with one that says otherwise"})
+	}
+	for _, r := range stale {
+		vs = append(vs, Violation{"pending_row", "order " + r.OrderNo, fmt.Sprintf("a row in pending_order for an order that is %q", r.Status)})
 	}
 	return vs, err
 }

@@ -27,7 +27,7 @@ func TestCloseRoundTrips(t *testing.T) {
 	t.Parallel()
 	want := map[dbtest.Kind]int64{
 		dbtest.Postgres: 7,
-		dbtest.MySQL:    12, // no UPDATE … RETURNING, no data-modifying WITH: a statement each
+		dbtest.MySQL:    13, // no UPDATE … RETURNING, no data-modifying WITH: a statement each (pending_order's delete one of them)
 	}
 	for _, k := range []dbtest.Kind{dbtest.Postgres, dbtest.MySQL} {
 		t.Run(string(k), func(t *testing.T) {

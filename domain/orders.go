@@ -410,10 +410,15 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	}
 	// One round trip on PostgreSQL (writeAll).
 	caseOrderNo := "order_no = CASE" + strings.Repeat(" WHEN id IN (?) THEN ?", len(orders)) + " END"
+	pending := make([]PendingOrder, len(orders))
+	for i := range orders {
+		pending[i] = pendingOrderOf(&orders[i])
+	}
 	n, err := writeAll(ctx, tx,
 		tx.NewInsert().Model(&orders),
 		transition(tx, CardLock, now, whereIDs(cardIDs), []column{col(caseOrderNo, orderOf...), col("locked_at = ?", now)}),
-		flowInsert(tx, now, flows))
+		flowInsert(tx, now, flows),
+		tx.NewInsert().Model(&pending))
 	if err != nil {
 		if isUniqueViolation(err) && !hasKey {
 			return nil, nil, errRetry // an order number drawn twice in one second: draw again
@@ -554,8 +559,8 @@ func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrd
 			Held   int    `bun:"held"`
 			Locked int    `bun:"locked"`
 		}
-		if err := tx.NewSelect().Table("orders").ColumnExpr("? AS value, COUNT(*) AS held, SUM(quantity) AS locked", bun.Ident(r.column)).
-			Where("? IN (?)", bun.Ident(r.column), bun.List(values)).Where("status = ?", OrderPending).
+		if err := tx.NewSelect().Model((*PendingOrder)(nil)).ColumnExpr("? AS value, COUNT(*) AS held, SUM(quantity) AS locked", bun.Ident(r.column)).
+			Where("? IN (?)", bun.Ident(r.column), bun.List(values)).
 			GroupExpr("?", bun.Ident(r.column)).Scan(ctx, &rows); err != nil {
 			return err
 		}
@@ -809,7 +814,7 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		}
 		results = append(results, r)
 	}
-	if err := writeClose(ctx, tx, now, toWithdraw, toRecycle, flows, events); err != nil {
+	if err := writeClose(ctx, tx, now, closing, toWithdraw, toRecycle, flows, events); err != nil {
 		return nil, nil, err
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })
@@ -959,13 +964,13 @@ func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([
 	return cards, nil
 }
 
-// writeClose writes what a close batch changes besides its orders: its
-// cards withdrawn or recycled (by id, guarded, each count checked), its
-// journal entries and its events; on PostgreSQL in one statement
+// writeClose writes what a close batch changes besides its orders (closed,
+// the numbers of those it closed): their rows of pending_order deleted,
+// their cards withdrawn or recycled (by id, guarded, each count checked),
+// their journal entries and events; on PostgreSQL in one statement
 // (writeAll), in this order.
-func writeClose(ctx context.Context, tx bun.Tx, now time.Time, toWithdraw, toRecycle []int64, flows []StockFlow, events []Event) error {
-	var qs []writeQuery
-	var want []int
+func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed []string, toWithdraw, toRecycle []int64, flows []StockFlow, events []Event) error {
+	qs, want := []writeQuery{leavePending(tx, closed)}, []int{-1}
 	for _, m := range []struct {
 		t   Transition
 		ids []int64
@@ -1057,41 +1062,120 @@ func (l *Ledger) pendingOf(ctx context.Context, nos []string, withClock bool) ([
 	return orders, now, nil
 }
 
-// PendingOrder is a PENDING order as the schedulers see it.
+// PendingOrder is a PENDING order's row in pending_order, all the
+// schedulers and the caps read of it: the row is inserted with its order
+// and deleted in the transaction that pays or closes it (leavePending),
+// so that status is in no index of orders and a payment or close
+// rewrites the order in place (migration 20261201000017).
 type PendingOrder struct {
-	ID        int64     `bun:"id"`
-	OrderNo   string    `bun:"order_no"`
-	ProductID int64     `bun:"product_id"`
-	Quantity  int       `bun:"quantity"`
-	ExpiresAt time.Time `bun:"expires_at"`
+	bun.BaseModel `bun:"table:pending_order"`
+	OrderNo       string    `bun:"order_no,pk"`
+	ProductID     int64     `bun:"product_id"`
+	Quantity      int       `bun:"quantity"`
+	Contact       string    `bun:"contact"`
+	ClientAddr    string    `bun:"client_addr"`
+	ExpiresAt     time.Time `bun:"expires_at"`
 }
 
-// PendingOrders pages through PENDING orders by (expires_at, id), the
-// order of the orders_pending_expires index: pass the last row of one page as
-// after to get the next. dueBefore, when not zero, stops at orders expiring
-// at or after it.
+// pendingOrderOf is o's row in pending_order.
+func pendingOrderOf(o *Order) PendingOrder {
+	return PendingOrder{OrderNo: o.OrderNo, ProductID: o.ProductID, Quantity: o.Quantity,
+		Contact: o.Contact, ClientAddr: o.ClientAddr, ExpiresAt: o.ExpiresAt}
+}
+
+// leavePending deletes the rows of pending_order of nos, orders this
+// transaction has just moved out of PENDING (and holds locked).
+func leavePending(tx bun.IDB, nos []string) *bun.DeleteQuery {
+	return tx.NewDelete().Model((*PendingOrder)(nil)).Where("order_no IN (?)", bun.List(nos))
+}
+
+// RepairPendingRows makes pending_order agree with the orders, as the
+// audit's pending_row rule checks: a row for every PENDING order that has
+// none, and none for an order that is no longer PENDING. kami itself
+// keeps them in step; a process of a version from before the table (a
+// rolling upgrade) does not, and an order it placed would never be seen
+// by the sweeper, its cards locked for good. It reads all of orders
+// (status is in none of its indexes), so it runs with the nightly
+// reconciliation, as the audit does; up to repairLimit rows each way a
+// run.
+func (l *Ledger) RepairPendingRows(ctx context.Context) (added, removed int, err error) {
+	// An order that left PENDING never returns to it: its row can go
+	// without a lock. (The row and its order are written in one
+	// transaction, so the read sees both or neither.)
+	var stale []string
+	if err := l.db.NewSelect().TableExpr("pending_order AS p").
+		Join("LEFT JOIN orders AS o ON o.order_no = p.order_no").ColumnExpr("p.order_no").
+		Where("o.id IS NULL OR o.status <> ?", OrderPending).Limit(repairLimit).Scan(ctx, &stale); err != nil {
+		return 0, 0, err
+	}
+	if len(stale) > 0 {
+		if _, err := leavePending(l.db, stale).Exec(ctx); err != nil {
+			return 0, 0, err
+		}
+	}
+	var orphans []string
+	if err := l.db.NewSelect().TableExpr("orders AS o").ColumnExpr("o.order_no").
+		Where("o.status = ?", OrderPending).
+		Where("NOT EXISTS (SELECT 1 FROM pending_order AS p WHERE p.order_no = o.order_no)").
+		Limit(repairLimit).Scan(ctx, &orphans); err != nil {
+		return 0, len(stale), err
+	}
+	if len(orphans) == 0 {
+		return 0, len(stale), nil
+	}
+	// Each order locked and still PENDING gets its row: one paid or
+	// closed meanwhile is left alone.
+	err = inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
+		var os []Order
+		if err := forUpdate(tx.NewSelect().Model(&os).Where("order_no IN (?)", bun.List(uniqueSorted(orphans))).
+			Where("status = ?", OrderPending).OrderExpr("order_no")).Scan(ctx); err != nil {
+			return err
+		}
+		rows := make([]PendingOrder, len(os))
+		for i := range os {
+			rows[i] = pendingOrderOf(&os[i])
+		}
+		added = len(rows)
+		if len(rows) == 0 {
+			return nil
+		}
+		_, err := tx.NewInsert().Model(&rows).Exec(ctx)
+		return err
+	})
+	if err != nil {
+		return 0, len(stale), err
+	}
+	return added, len(stale), nil
+}
+
+// repairLimit bounds the rows RepairPendingRows adds or removes a run.
+const repairLimit = 10000
+
+// PendingOrders pages through PENDING orders by (expires_at, order_no),
+// the order of the pending_order_due index: pass the last row of one page
+// as after to get the next. dueBefore, when not zero, stops at orders
+// expiring at or after it.
 func (l *Ledger) PendingOrders(ctx context.Context, after PendingOrder, dueBefore time.Time, limit int) ([]PendingOrder, error) {
 	var out []PendingOrder
-	q := l.db.NewSelect().Column("id", "order_no", "product_id", "quantity", "expires_at").
-		Where("status = ?", OrderPending)
+	q := l.db.NewSelect().Column("order_no", "product_id", "quantity", "expires_at")
 	if dialectName(l.db) == dialect.SQLite {
 		// kami never analyzes SQLite's tables, and without statistics
-		// SQLite would take (status, created_at) for the better index and
-		// sort every PENDING order for each page.
-		q = q.TableExpr("orders INDEXED BY orders_pending_expires")
+		// SQLite may take another index and sort every PENDING order for
+		// each page.
+		q = q.TableExpr("pending_order INDEXED BY pending_order_due")
 	} else {
-		q = q.Table("orders")
+		q = q.Model((*PendingOrder)(nil))
 	}
 	if !after.ExpiresAt.IsZero() {
 		// The first condition is implied by the second; it is there for
 		// the index, which seeks to it instead of walking every PENDING
 		// order before the page (a sweep of n pages read n²/2 pages).
 		q = q.Where("expires_at >= ?", after.ExpiresAt).
-			Where("(expires_at > ? OR (expires_at = ? AND id > ?))", after.ExpiresAt, after.ExpiresAt, after.ID)
+			Where("(expires_at > ? OR (expires_at = ? AND order_no > ?))", after.ExpiresAt, after.ExpiresAt, after.OrderNo)
 	}
 	if !dueBefore.IsZero() {
 		q = q.Where("expires_at < ?", dueBefore.UTC())
 	}
-	err := q.OrderExpr("expires_at, id").Limit(int64(limit)).Scan(ctx, &out)
+	err := q.OrderExpr("expires_at, order_no").Limit(int64(limit)).Scan(ctx, &out)
 	return out, err
 }

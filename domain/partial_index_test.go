@@ -36,15 +36,15 @@ func (q *queryLog) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
 	}
 }
 
-// TestPartialIndexesServeTheirScans: where the database has partial
-// indexes (PostgreSQL, SQLite), the indexes that only PENDING orders and
-// the events not yet fanned out are looked up by hold only those rows
-// (and the pruner's only the fanned-out events), so that closing or
-// paying an order and fanning out its event write fewer index entries.
-// A partial index serves only a query whose WHERE says what the index's
-// says: each scan that relies on one can be planned on it (PostgreSQL is
-// told to use an index scan where it can; for a test's few rows it would
-// rather read the table).
+// TestPartialIndexesServeTheirScans: the scans of PENDING orders (the cap
+// per address, the sweeper's pages) read pending_order's indexes, which
+// hold only PENDING orders, so that no index of orders names status and
+// closing or paying an order rewrites it in place; and where the database
+// has partial indexes (PostgreSQL, SQLite), the events not yet fanned out
+// are looked up by an index that holds only those. A partial index serves
+// only a query whose WHERE says what the index's says: each scan can be
+// planned on its index (PostgreSQL is told to use an index scan where it
+// can; for a test's few rows it would rather read the table).
 func TestPartialIndexesServeTheirScans(t *testing.T) {
 	t.Parallel()
 	for _, k := range []dbtest.Kind{dbtest.SQLite, dbtest.Postgres} {
@@ -53,7 +53,7 @@ func TestPartialIndexesServeTheirScans(t *testing.T) {
 			ctx := context.Background()
 			log := &queryLog{got: map[string]string{}, match: []string{
 				`"client_addr" IN`,                    // the cap per address
-				"ORDER BY expires_at, id",             // the sweeper's pages
+				"ORDER BY expires_at, order_no",       // the sweeper's pages
 				"WHERE (fanned_out = FALSE) ORDER BY", // the dispatcher's
 			}}
 			db := dbtest.Open(t, k)
@@ -84,8 +84,8 @@ func TestPartialIndexesServeTheirScans(t *testing.T) {
 				t.Fatal(err)
 			}
 			for m, index := range map[string]string{
-				`"client_addr" IN`:                    "orders_pending_addr",
-				"ORDER BY expires_at, id":             "orders_pending_expires",
+				`"client_addr" IN`:                    "pending_order_addr",
+				"ORDER BY expires_at, order_no":       "pending_order_due",
 				"WHERE (fanned_out = FALSE) ORDER BY": "events_unfanned",
 			} {
 				q := log.got[m]
@@ -273,12 +273,12 @@ type planNode struct {
 }
 
 // TestSweeperPagesOnUnanalyzedSQLite: kami never runs ANALYZE on SQLite,
-// and without statistics SQLite takes an equality on the first column of
-// (status, created_at) for the better index and sorts every PENDING order
+// and without statistics SQLite took an equality on the first column of
+// (status, created_at) for the better index and sorted every PENDING order
 // for each page of 500 the sweeper reads (found by review: 146 ms a page
 // against 2 ms with 50,000 PENDING orders). Each page, the first and the
-// next ones, with and without a due bound, is read on the partial index in
-// its order.
+// next ones, with and without a due bound, is read on pending_order's
+// index of due times in its order.
 func TestSweeperPagesOnUnanalyzedSQLite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -291,9 +291,9 @@ func TestSweeperPagesOnUnanalyzedSQLite(t *testing.T) {
 		if _, err := b.ledger.PendingOrders(ctx, page.after, page.due, 500); err != nil {
 			t.Fatal(err)
 		}
-		q := log.got["ORDER BY expires_at, id"]
-		if plan := explain(t, db, q); !strings.Contains(plan, "orders_pending_expires") || strings.Contains(plan, "TEMP B-TREE") {
-			t.Errorf("%s\nis not read on orders_pending_expires in its order:\n%s", q, plan)
+		q := log.got["ORDER BY expires_at, order_no"]
+		if plan := explain(t, db, q); !strings.Contains(plan, "pending_order_due") || strings.Contains(plan, "TEMP B-TREE") {
+			t.Errorf("%s\nis not read on pending_order_due in its order:\n%s", q, plan)
 		}
 	}
 }
@@ -302,7 +302,7 @@ func TestSweeperPagesOnUnanalyzedSQLite(t *testing.T) {
 // logs the sweeper's page statements, and reads the first page of one.
 func sweeperPages(t *testing.T, k dbtest.Kind) (*bun.DB, *bundle, *queryLog, domain.PendingOrder) {
 	t.Helper()
-	log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, id"}}
+	log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, order_no"}}
 	db := dbtest.Open(t, k)
 	b := setup(t, db.WithQueryHook(log), domain.Config{})
 	p := b.product(t, 100, 3)
@@ -330,10 +330,10 @@ func TestSweeperNextPageSeeks(t *testing.T) {
 			if err != nil || len(next) != 2 {
 				t.Fatalf("the next page has %d of the 2 other orders: %v", len(next), err)
 			}
-			q := log.got["ORDER BY expires_at, id"]
+			q := log.got["ORDER BY expires_at, order_no"]
 			seek := "Index Cond: (expires_at >="
 			if k == dbtest.SQLite {
-				seek = "orders_pending_expires (expires_at>"
+				seek = "pending_order_due (expires_at>"
 			}
 			if plan := explain(t, db, q); !strings.Contains(plan, seek) {
 				t.Errorf("%s\ndoes not seek (%q):\n%s", q, seek, plan)

@@ -236,6 +236,7 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 			col("delivered_at = ?", now)}),
 		transitionLocked(tx, CardSell, now, byOrderNos(nos), nil, []column{col("sold_at = ?", now)}),
 		flowInsert(tx, now, flows),
+		leavePending(tx, nos),
 	}
 	if !outboxOff.Load() {
 		writes = append(writes, eventsInsert(tx, now, events))
@@ -332,6 +333,9 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 	}
 	if n == 1 {
 		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paid, now, now
+		if _, err := leavePending(tx, []string{o.OrderNo}).Exec(ctx); err != nil {
+			return nil, nil, err
+		}
 		if err := l.sellLocked(ctx, tx, &o, now); err != nil {
 			return nil, nil, err
 		}

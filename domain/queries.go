@@ -80,10 +80,14 @@ func afterKeyset(q *bun.SelectQuery, k Keyset) *bun.SelectQuery {
 	return q.Where("(created_at < ? OR (created_at = ? AND id < ?))", at, at, k.ID)
 }
 
-// ListOrders pages through orders newest first by (created_at, id). Every
-// filter is served by an index that starts with its column: (status,
-// created_at), (product_id, created_at), (contact, status). BAD_INPUT for a
-// page size outside 1..MaxPageSize or an unknown status.
+// ListOrders pages through orders newest first by (created_at, id). The
+// filters by product and by contact are served by an index that starts
+// with its column: (product_id, created_at), (contact, created_at). The
+// status is in no index of orders (so that a payment or close rewrites its
+// order in place, see PendingOrder): a status alone reads the newest
+// orders first and keeps those in it, which finds the PENDING, PAID and
+// CLOSED ones at once and reads further for a rare status (REFUNDING).
+// BAD_INPUT for a page size outside 1..MaxPageSize or an unknown status.
 func (l *Ledger) ListOrders(ctx context.Context, f OrderFilter, after Keyset, limit int) (*OrderPage, error) {
 	limit, err := clampLimit(limit)
 	if err != nil {

@@ -126,6 +126,17 @@ func (r *Reconciler) run(ctx context.Context) (*ReconcileRun, error) {
 	var errs []string
 	fail := func(part string, err error) { errs = append(errs, part+": "+err.Error()) }
 
+	// PENDING orders the sweeper cannot see (placed by an older version
+	// during an upgrade), before the stragglers are looked for.
+	added, removed, err := l.RepairPendingRows(ctx)
+	if err != nil {
+		fail("pending rows", err)
+	}
+	if added+removed > 0 {
+		r.alert(ctx, Alert{Kind: "pending_rows", Subject: "reconcile",
+			Message: fmt.Sprintf("pending_order disagreed with the orders: added %d rows, removed %d", added, removed)})
+	}
+
 	// Stragglers: overdue PENDING orders the queue never closed.
 	cutoff := run.StartedAt.Add(-stragglerAge)
 	var after PendingOrder

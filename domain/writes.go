@@ -12,8 +12,8 @@ import (
 	"github.com/uptrace/bun/schema"
 )
 
-// writeQuery is one write of a transaction: an INSERT or an UPDATE built
-// by bun (apply's guarded UPDATE, a model's INSERT).
+// writeQuery is one write of a transaction: an INSERT, UPDATE or DELETE
+// built by bun (apply's guarded UPDATE, a model's INSERT, leavePending).
 type writeQuery interface {
 	bun.Query
 	Exec(ctx context.Context, dest ...any) (sql.Result, error)
@@ -62,6 +62,8 @@ func writeAll(ctx context.Context, tx bun.IDB, qs ...writeQuery) ([]int64, error
 		switch q := q.(type) {
 		case *bun.UpdateQuery:
 			q.Returning("1")
+		case *bun.DeleteQuery:
+			q.Returning("1")
 		case *bun.InsertQuery:
 			// Its RETURNING (a row each) gives the new rows' ids back, as
 			// the INSERT alone would have (see returnIDs).
@@ -74,7 +76,7 @@ func writeAll(ctx context.Context, tx bun.IDB, qs ...writeQuery) ([]int64, error
 			// An INSERT … SELECT from arrays (flowInsert, eventsInsert),
 			// written with its RETURNING 1.
 		default:
-			return nil, fmt.Errorf("writeAll: %T is not an INSERT or UPDATE", q)
+			return nil, fmt.Errorf("writeAll: %T is not an INSERT, UPDATE or DELETE", q)
 		}
 		sel = sel.With(name, q).ColumnExpr("(SELECT count(*) FROM ?)", bun.Ident(name))
 		dest[i] = &counts[i]

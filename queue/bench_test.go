@@ -260,8 +260,10 @@ func BenchmarkDueToClosedLatency(b *testing.B) {
 		nos := be.seed(b, n, due, false, true)
 		first := time.Now().Add(2 * time.Second)
 		shift := base.Sub(first)
-		if _, err := be.pe.db.ExecContext(be.ctx, "UPDATE orders SET expires_at = expires_at - make_interval(secs => ?)", shift.Seconds()); err != nil {
-			b.Fatal(err)
+		for _, table := range []string{"orders", "pending_order"} {
+			if _, err := be.pe.db.ExecContext(be.ctx, "UPDATE "+table+" SET expires_at = expires_at - make_interval(secs => ?)", shift.Seconds()); err != nil {
+				b.Fatal(err)
+			}
 		}
 		items := make([]queue.Item, n)
 		for i, no := range nos {

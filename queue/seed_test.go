@@ -62,6 +62,14 @@ func seedPending(ctx context.Context, db *bun.DB, sealer *domain.Sealer, n, free
 				if _, err := tx.NewInsert().Model(&flows).Exec(ctx); err != nil {
 					return err
 				}
+				pending := make([]domain.PendingOrder, len(orders))
+				for i, o := range orders {
+					pending[i] = domain.PendingOrder{OrderNo: o.OrderNo, ProductID: o.ProductID, Quantity: o.Quantity,
+						Contact: o.Contact, ClientAddr: o.ClientAddr, ExpiresAt: o.ExpiresAt}
+				}
+				if _, err := tx.NewInsert().Model(&pending).Exec(ctx); err != nil {
+					return err
+				}
 			}
 		}
 		imp := domain.StockFlow{ProductID: p.ID, ChangeType: domain.FlowImport, Quantity: n + free, CreatedAt: now}
