@@ -100,10 +100,10 @@ func byIDs(ids []int64) rowsNamed {
 //
 // On PostgreSQL the rows are also found by name only, one index probe
 // each, and their status is tested on the rows as locked
-// (l.locked_status), never on the table scanned. A "status = PENDING" (or
-// LOCKED) on the table lets the planner read an index of statuses instead
-// (orders_pending_addr, orders_pending_expires, orders_status_created;
-// card_stock_batch, card_stock_lockable), which the statistics say holds
+// (l.locked_status), never on the table scanned. A "status = LOCKED" (or,
+// while orders had such indexes, PENDING) on the table lets the planner
+// read an index of statuses instead (card_stock_batch,
+// card_stock_lockable), which the statistics say holds
 // a handful of such rows. It holds the live ones, a few hundred in a busy
 // shop, and an entry for every row that left the status since the last
 // vacuum, each a visit to the table: 20,000 rows read for a payment batch
