@@ -647,7 +647,7 @@ func (r *StatementReconciler) checkRecent(ctx context.Context, p providers.Provi
 	d := &dayRun{r: r, provider: p, run: &StatementRun{Provider: p.Name(), BillDate: providers.DayOf(now).String(), Source: SourceQuery, StartedAt: now}}
 	var os []Order
 	// An order closes within a day of being placed: the created_at bound
-	// lets the (status, created_at) index serve the scan.
+	// lets the (created_at, id) index serve the scan, in its order.
 	if err := l.db.NewSelect().Model(&os).Where("status = ?", OrderClosed).Where("provider = ?", p.Name()).
 		Where("created_at >= ?", since.Add(-24*time.Hour).UTC()).Where("closed_at >= ?", since.UTC()).
 		OrderExpr("created_at, id").Limit(int64(r.maxQueries() + 1)).Scan(ctx); err != nil {
