@@ -134,8 +134,10 @@ func (v floorVariant) keeps(table, name string, primary, namesStatus bool) bool 
 }
 
 // with is the storage clause of the scratch copy of kami's table, whose
-// storage options (pg_class.reloptions) are opts: kami's, fillfactor 50
-// on a statusFree table, none of the before variant's undone.
+// storage options (pg_class.reloptions, which CREATE TABLE … LIKE does
+// not copy) are opts: kami's, but fillfactor 50 on a statusFree table,
+// and before migration 20261201000017 the orders' without the option it
+// set.
 func (v floorVariant) with(table string, opts [][2]string) string {
 	set := map[string]string{}
 	for _, o := range opts {
