@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,23 +20,30 @@ import (
 
 // The close floor: what the rows a close writes cost PostgreSQL by
 // themselves, on this machine, in the same run as the drain and pgbench.
-// A close of an unpaid order writes four rows: the order becomes CLOSED,
-// its card RECYCLED, and a stock journal row and an event are inserted.
-// The phase copies the four tables (columns, defaults, checks, and the
-// indexes of the variant) into scratch tables of the bench's database,
-// fills them with -close-floor PENDING orders and their LOCKED cards, and
-// writes exactly those four rows per order from as many sessions as the
-// machine has cores, 500 orders to a transaction, each order once: no
-// look-up by order number, no row lock before the update, no pre-close
-// check, no kami. Five index sets:
+// A close of an unpaid order writes five rows: the order becomes CLOSED,
+// its card RECYCLED, a stock journal row and an event are inserted, and
+// its row of pending_order is deleted. The phase copies the five tables
+// (columns, defaults, checks, storage options such as the orders'
+// fillfactor 50, and the indexes of the variant) into scratch tables of
+// the bench's database, fills them with -close-floor PENDING orders, their
+// rows of pending_order and their LOCKED cards, and writes exactly those
+// rows per order from as many sessions as the machine has cores, 500
+// orders to a transaction, each order once: no look-up by order number, no
+// row lock before the update, no pre-close check, no kami. Four schemas:
 //
-//   - kami's: every index the migrations gave the table;
-//   - without status on orders, on cards, and on both: the table's
-//     indexes that name neither status nor, in their condition, status,
-//     with fillfactor 50 on that table, so that an update that changes no
-//     indexed column can stay on its page (a HOT update, which writes no
-//     index entry);
-//   - primary keys only.
+//   - kami's: every index the migrations gave the tables, and their
+//     storage options: status is in no index of orders (fillfactor 50),
+//     so the order's update can stay on its page (a HOT update, which
+//     writes no index entry), and which orders are PENDING is
+//     pending_order's rows;
+//   - kami's before 2026-12-02 (migration 20261201000017): no
+//     pending_order, the orders' indexes that named status back (and not
+//     the one it added), default fillfactor on orders, so that the
+//     order's update writes an entry in most of its indexes;
+//   - status in no index of cards too: the cards' indexes that name
+//     neither status nor, in their condition, status, with fillfactor 50
+//     on cards, so that the card's update can be HOT too;
+//   - primary keys only (with kami's storage options).
 //
 // kami's drain over its floor is what kami's close path (the look-ups,
 // locks, pre-close check, fan-out and the process itself on the same
@@ -54,10 +62,10 @@ type FloorReport struct {
 	Ledger *FloorVariant `json:"ledger,omitempty"`
 }
 
-// FloorVariant is one index set's floor.
+// FloorVariant is one schema's floor.
 type FloorVariant struct {
 	Name         string  `json:"name"`
-	Indexes      int     `json:"indexes"` // on the four tables, primary keys included
+	Indexes      int     `json:"indexes"` // on the scratch tables, primary keys included
 	ClosesPerSec float64 `json:"closes_per_sec"`
 	// HOTShare is the share of the orders' and cards' updates that were
 	// HOT (wrote no index entry), by the transactions' own statistics.
@@ -72,7 +80,28 @@ type FloorVariant struct {
 }
 
 // floorTables are the tables a close writes, and the scratch copy of each.
-var floorTables = [][2]string{{"orders", "floor_orders"}, {"card_stock", "floor_cards"}, {"stock_flow", "floor_flow"}, {"events", "floor_events"}}
+var floorTables = [][2]string{{"orders", "floor_orders"}, {"card_stock", "floor_cards"}, {"stock_flow", "floor_flow"},
+	{"events", "floor_events"}, {"pending_order", "floor_pending"}}
+
+// floorBefore is what migration 20261201000017 changed, which the variant
+// before it undoes on the scratch copies: the table it added, the orders'
+// index it added, the orders' indexes it dropped (PostgreSQL's: name and
+// what follows "ON orders"), and the orders' storage option it set.
+var floorBefore = struct {
+	table, added string
+	dropped      [][2]string
+	option       string
+}{
+	table: "pending_order",
+	added: "orders_contact_created",
+	dropped: [][2]string{
+		{"orders_status_created", "(status, created_at)"},
+		{"orders_contact_status", "(contact, status)"},
+		{"orders_pending_expires", "(expires_at, id) WHERE status = 'PENDING'"},
+		{"orders_pending_addr", "(client_addr) WHERE status = 'PENDING'"},
+	},
+	option: "fillfactor",
+}
 
 type floorVariant struct {
 	name string
@@ -81,43 +110,71 @@ type floorVariant struct {
 	// changes no indexed column can stay on its page.
 	statusFree  []string
 	primaryOnly bool
+	// before is kami's schema before migration 20261201000017
+	// (floorBefore): no pending_order, status in the orders' indexes.
+	before bool
 }
 
-// keeps reports whether the variant keeps an index of kami's table.
-func (v floorVariant) keeps(table string, primary, namesStatus bool) bool {
+// has reports whether the variant has a copy of kami's table.
+func (v floorVariant) has(table string) bool {
+	return !v.before || table != floorBefore.table
+}
+
+// keeps reports whether the variant keeps the index name of kami's table.
+func (v floorVariant) keeps(table, name string, primary, namesStatus bool) bool {
 	switch {
 	case primary:
 		return true
 	case v.primaryOnly:
 		return false
+	case v.before && table == "orders" && name == floorBefore.added:
+		return false
 	}
 	return !namesStatus || !slices.Contains(v.statusFree, table)
 }
 
-// with is the storage clause of the scratch copy of kami's table.
-func (v floorVariant) with(table string) string {
-	if slices.Contains(v.statusFree, table) {
-		return " WITH (fillfactor = 50)"
+// with is the storage clause of the scratch copy of kami's table, whose
+// storage options (pg_class.reloptions, which CREATE TABLE … LIKE does
+// not copy) are opts: kami's, but fillfactor 50 on a statusFree table,
+// and before migration 20261201000017 the orders' without the option it
+// set.
+func (v floorVariant) with(table string, opts [][2]string) string {
+	set := map[string]string{}
+	for _, o := range opts {
+		set[o[0]] = o[1]
 	}
-	return ""
+	if v.before && table == "orders" {
+		delete(set, floorBefore.option)
+	}
+	if slices.Contains(v.statusFree, table) {
+		set["fillfactor"] = "50"
+	}
+	if len(set) == 0 {
+		return ""
+	}
+	var kv []string
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		kv = append(kv, k+" = '"+strings.ReplaceAll(set[k], "'", "''")+"'")
+	}
+	return " WITH (" + strings.Join(kv, ", ") + ")"
 }
 
-// The index sets measured. The two halves say which table's status
-// indexes cost what: moving status out of the indexes can be done table
-// by table.
+// The schemas measured: kami's, kami's before the pending_order table
+// (the gain of that change), the cards' status moved out of their indexes
+// as well (what the same change for the cards would bring at most), and
+// no index but the primary keys.
 var floorVariants = []floorVariant{
 	{name: "kami's indexes"},
-	{name: "status in no index of orders", statusFree: []string{"orders"}},
-	{name: "status in no index of cards", statusFree: []string{"card_stock"}},
-	{name: "status in no index, fillfactor 50", statusFree: []string{"orders", "card_stock"}},
+	{name: "kami's before 2026-12-02", before: true},
+	{name: "status in no index of cards too", statusFree: []string{"card_stock"}},
 	{name: "primary keys only", primaryOnly: true},
 }
 
 // floorBatch is a close batch's size in kami (Shop.CloseOrders).
 const floorBatch = 500
 
-// runFloor measures the three floors with n closes each, from sessions
-// sessions.
+// runFloor measures the floor of each of floorVariants with n closes,
+// from sessions sessions, then kami's close transaction.
 func runFloor(ctx context.Context, db *bun.DB, probe cpuProbe, runID string, n, sessions int) *FloorReport {
 	rep := &FloorReport{Closes: n, Sessions: sessions}
 	for _, v := range floorVariants {
@@ -217,7 +274,22 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 		return err
 	}
 	for _, t := range floorTables {
-		if _, err := db.ExecContext(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY)%s", t[1], t[0], v.with(t[0]))); err != nil {
+		if !v.has(t[0]) {
+			continue
+		}
+		var opts []struct {
+			Name  string `bun:"option_name"`
+			Value string `bun:"option_value"`
+		}
+		if err := db.NewRaw(`SELECT option_name, option_value FROM pg_class c, pg_options_to_table(c.reloptions)
+			WHERE c.oid = ?::regclass`, t[0]).Scan(ctx, &opts); err != nil {
+			return err
+		}
+		kv := make([][2]string, len(opts))
+		for i, o := range opts {
+			kv[i] = [2]string{o.Name, o.Value}
+		}
+		if _, err := db.ExecContext(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY)%s", t[1], t[0], v.with(t[0], kv))); err != nil {
 			return err
 		}
 		var idx []struct {
@@ -231,22 +303,30 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 			FROM pg_index i WHERE i.indrelid = ?::regclass ORDER BY i.indexrelid`, t[0]).Scan(ctx, &idx); err != nil {
 			return err
 		}
+		var defs []string
 		for _, ix := range idx {
-			if !v.keeps(t[0], ix.Primary, ix.NamesStatus) {
-				continue
-			}
 			m := indexDef.FindStringSubmatchIndex(ix.Def)
 			if m == nil {
 				return fmt.Errorf("unexpected index definition %q", ix.Def)
 			}
-			def := ix.Def[:m[4]] + "floor_" + ix.Def[m[4]:m[5]] + " ON " + t[1] + ix.Def[m[7]:]
+			if v.keeps(t[0], ix.Def[m[4]:m[5]], ix.Primary, ix.NamesStatus) {
+				defs = append(defs, ix.Def[:m[4]]+"floor_"+ix.Def[m[4]:m[5]]+" ON "+t[1]+ix.Def[m[7]:])
+			}
+		}
+		if v.before && t[0] == "orders" {
+			for _, d := range floorBefore.dropped {
+				defs = append(defs, "CREATE INDEX floor_"+d[0]+" ON "+t[1]+" "+d[1])
+			}
+		}
+		for _, def := range defs {
 			if _, err := db.ExecContext(ctx, def); err != nil {
 				return fmt.Errorf("%s: %w", def, err)
 			}
 			out.Indexes++
 		}
 	}
-	// n PENDING orders and a LOCKED card each, as a drain finds them.
+	// n PENDING orders, their rows of pending_order, and a LOCKED card
+	// each, as a drain finds them.
 	fill := []string{
 		fmt.Sprintf(`INSERT INTO floor_orders (id, order_no, product_id, quantity, unit_price_fen, amount_fen, contact, client_addr,
 			provider, status, access_token_hash, paid_fen, expires_at, created_at, updated_at)
@@ -259,6 +339,10 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 		FROM generate_series(1, %d) g`, n),
 		"VACUUM ANALYZE floor_orders", "VACUUM ANALYZE floor_cards",
 	}
+	if v.has(floorBefore.table) {
+		fill = append(fill, `INSERT INTO floor_pending (order_no, product_id, quantity, contact, client_addr, expires_at)
+			SELECT order_no, product_id, quantity, contact, client_addr, expires_at FROM floor_orders`, "VACUUM ANALYZE floor_pending")
+	}
 	for _, q := range fill {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			return err
@@ -266,7 +350,7 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 	}
 	var hot, upd atomic.Int64
 	if err := closeInSessions(probe, n, sessions, out, func(lo, hi int) error {
-		h, u, err := floorClose(ctx, db, lo+1, hi)
+		h, u, err := floorClose(ctx, db, lo+1, hi, v.has(floorBefore.table))
 		hot.Add(h)
 		upd.Add(u)
 		return err
@@ -279,24 +363,31 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 	return nil
 }
 
-// floorClose writes the four rows of each order a to b in one
-// transaction: the order CLOSED, its card RECYCLED, a journal row and an
-// event (with a payload of the size kami writes). It returns how many of
-// the transaction's order and card updates were HOT, and how many there
-// were (the transaction's own statistics, read before its COMMIT).
-func floorClose(ctx context.Context, db *bun.DB, a, b int) (hot, upd int64, err error) {
-	err = db.RunInTx(ctx, &sql.TxOptions{}, func(ctx context.Context, tx bun.Tx) error {
-		for _, q := range []string{
-			`UPDATE floor_orders SET status = 'CLOSED', updated_at = now(), closed_at = now() WHERE id BETWEEN ? AND ? AND status = 'PENDING'`,
-			`UPDATE floor_cards SET status = 'RECYCLED', updated_at = now() WHERE id BETWEEN ? AND ? AND status = 'LOCKED'`,
-			`INSERT INTO floor_flow (product_id, order_no, change_type, quantity, created_at)
+// floorClose writes the rows of each order a to b in one transaction: the
+// order CLOSED, its row of pending_order deleted (when pending, the
+// variant has the table), its card RECYCLED, a journal row and an event
+// (with a payload of the size kami writes), in kami's order. It returns
+// how many of the transaction's order and card updates were HOT, and how
+// many there were (the transaction's own statistics, read before its
+// COMMIT).
+func floorClose(ctx context.Context, db *bun.DB, a, b int, pending bool) (hot, upd int64, err error) {
+	qs := []string{`UPDATE floor_orders SET status = 'CLOSED', updated_at = now(), closed_at = now() WHERE id BETWEEN ? AND ? AND status = 'PENDING'`}
+	if pending {
+		// The order numbers are zero-padded to one length: their range is
+		// the orders a to b.
+		qs = append(qs, `DELETE FROM floor_pending WHERE order_no BETWEEN ('2612' || lpad(?::bigint::text, 16, '0')) AND ('2612' || lpad(?::bigint::text, 16, '0'))`)
+	}
+	qs = append(qs,
+		`UPDATE floor_cards SET status = 'RECYCLED', updated_at = now() WHERE id BETWEEN ? AND ? AND status = 'LOCKED'`,
+		`INSERT INTO floor_flow (product_id, order_no, change_type, quantity, created_at)
 			SELECT 1, '2612' || lpad(g::text, 16, '0'), 3, 1, now() FROM generate_series(?::bigint, ?::bigint) g`,
-			`INSERT INTO floor_events (type, subject, occurred_at, payload, fanned_out)
+		`INSERT INTO floor_events (type, subject, occurred_at, payload, fanned_out)
 			SELECT 'order.closed', '2612' || lpad(g::text, 16, '0'), now(), json_build_object('orderNo', '2612' || lpad(g::text, 16, '0'),
 				'status', 'CLOSED', 'productId', '1', 'quantity', 1, 'amount', '1.00', 'contact', 'buyer-' || g || '@floor.test',
 				'provider', 'sandbox', 'expiresAt', now(), 'createdAt', now(), 'paidAt', NULL, 'closedAt', now(), 'refundedAt', NULL, 'tradeNo', NULL)::text,
-				FALSE FROM generate_series(?::bigint, ?::bigint) g`,
-		} {
+				FALSE FROM generate_series(?::bigint, ?::bigint) g`)
+	err = db.RunInTx(ctx, &sql.TxOptions{}, func(ctx context.Context, tx bun.Tx) error {
+		for _, q := range qs {
 			res, err := tx.ExecContext(ctx, q, a, b)
 			if err != nil {
 				return err

@@ -58,15 +58,17 @@
 //     (the pre-close check asks the sandbox about each order), the close
 //     queue's Redis memory per 10,000 pending orders, the server's memory.
 //
-//  6. Close floor (-close-floor closes per index set, when the tool makes
+//  6. Close floor (-close-floor closes per schema, when the tool makes
 //     the database; see floor.go): with kami stopped, the rows a close
-//     writes (order CLOSED, card RECYCLED, a journal row, an event), 500
-//     orders to a transaction, on scratch copies of the four tables with
-//     kami's indexes, with no index that names status (HOT updates), and
-//     with primary keys only; then kami's own close transaction
-//     (Ledger.CloseOrders) on as many orders placed directly. Reported:
-//     closes/s and PostgreSQL's CPU per close for each, and the drain
-//     against them.
+//     writes (order CLOSED, its pending_order row deleted, card RECYCLED,
+//     a journal row, an event), 500 orders to a transaction, on scratch
+//     copies of the five tables with kami's indexes and storage options,
+//     with kami's before 2026-12-02 (status in the orders' indexes, no
+//     pending_order), with no index of the cards that names status either
+//     (HOT updates of both), and with primary keys only; then kami's own
+//     close transaction (Ledger.CloseOrders) on as many orders placed
+//     directly. Reported: closes/s, HOT updates and PostgreSQL's CPU per
+//     close for each, and the drain against them.
 //
 //  7. Check: the server's peak memory (VmHWM from /proc, and the largest
 //     VmRSS sampled during the run), its CPU use while placing, a clean
@@ -169,7 +171,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.pgbenchFor, "pgbench", 10*time.Second, "run pgbench -N (16 clients) this long on a scratch database of -pg first, as the baseline (when pgbench is installed and the tool makes the database); 0: skip")
 	fs.IntVar(&o.subscriptions, "subscriptions", 1000, "orderStatusChanged subscriptions to open on pending orders after the direct phase, for the server's memory per 1,000; 0: skip")
 	fs.IntVar(&o.drain, "drain", 20000, "orders that fall due while the started server is stopped; it is then restarted and its drain of the backlog measured; 0: skip")
-	fs.IntVar(&o.closeFloor, "close-floor", 100000, "closes per index set for the close floor (the close's own row writes on scratch copies of kami's tables, see floor.go), when the tool makes the database; 0: skip")
+	fs.IntVar(&o.closeFloor, "close-floor", 100000, "closes per schema for the close floor (the close's own row writes on scratch copies of kami's tables, see floor.go), when the tool makes the database; 0: skip")
 	fs.StringVar(&o.loadClient, "load-client", loadWire, "the place phase's HTTP client: wire (one keep-alive connection per worker, HTTP/1.1 written directly: the load costs the shared cores less) or net/http (Go's client, as before)")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the run after the build")
 	if err := fs.Parse(args); err != nil {
@@ -565,7 +567,7 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	// The close floor: with kami stopped, on scratch tables.
 	if db != nil && o.db == "" && o.closeFloor > 0 && runCtx.Err() == nil {
-		progress("close floor: %d closes for each of %d index sets", o.closeFloor, len(floorVariants))
+		progress("close floor: %d closes for each of %d schemas", o.closeFloor, len(floorVariants))
 		rep.Floor = runFloor(runCtx, db, cpuProbe{dbName: dbNameOf(dbURL)}, runID, o.closeFloor, runtime.NumCPU())
 	}
 	if ledger != nil {

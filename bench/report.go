@@ -436,8 +436,9 @@ func (r *Report) Write(w io.Writer) {
 		p("%s", line)
 	}
 	if f := r.Floor; f != nil {
-		p("close floor  a close's own rows (order CLOSED, card RECYCLED, a journal row, an event) on scratch copies of kami's tables,")
-		p("             %d orders to a transaction, %d sessions, %d closes per index set; no look-up, lock, check or kami", floorBatch, f.Sessions, f.Closes)
+		p("close floor  a close's own rows (order CLOSED, its pending_order row deleted, card RECYCLED, a journal row, an event)")
+		p("             on scratch copies of kami's tables, %d orders to a transaction, %d sessions, %d closes per schema;", floorBatch, f.Sessions, f.Closes)
+		p("             no look-up, lock, check or kami")
 		for _, v := range f.Variants {
 			if v.Error != "" {
 				p("  %-34s failed: %s", v.Name, v.Error)
