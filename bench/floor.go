@@ -43,7 +43,8 @@ import (
 //   - status in no index of cards too: the cards' indexes that name
 //     neither status nor, in their condition, status, with fillfactor 50
 //     on cards, so that the card's update can be HOT too;
-//   - primary keys only (with kami's storage options).
+//   - primary keys only, fillfactor 50 on orders and cards: the least
+//     a close could cost.
 //
 // kami's drain over its floor is what kami's close path (the look-ups,
 // locks, pre-close check, fan-out and the process itself on the same
@@ -167,7 +168,7 @@ var floorVariants = []floorVariant{
 	{name: "kami's indexes"},
 	{name: "kami's before 2026-12-02", before: true},
 	{name: "status in no index of cards too", statusFree: []string{"card_stock"}},
-	{name: "primary keys only", primaryOnly: true},
+	{name: "primary keys only", primaryOnly: true, statusFree: []string{"orders", "card_stock"}},
 }
 
 // floorBatch is a close batch's size in kami (Shop.CloseOrders).
