@@ -204,7 +204,7 @@ func NewHandler(cfg Config) http.Handler {
 	})
 	srv.AddTransport(getTransport{maxResponse: cfg.MaxResponseBytes})
 	srv.AddTransport(uploadTransport{maxUpload: cfg.MaxUploadBytes, maxParts: cfg.MaxBodyBytes, maxResponse: cfg.MaxResponseBytes})
-	srv.AddTransport(postTransport{maxResponse: cfg.MaxResponseBytes})
+	srv.AddTransport(postTransport{maxResponse: cfg.MaxResponseBytes, texts: &queryTexts{}})
 	cache := newQueryCache()
 	srv.SetQueryCache(cache)
 	srv.SetParserTokenLimit(cfg.MaxTokens)

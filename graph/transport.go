@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/vektah/gqlparser/v2/ast"
@@ -183,7 +184,10 @@ func acceptedType(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return mt, true
 }
 
-type postTransport struct{ maxResponse int }
+type postTransport struct {
+	maxResponse int
+	texts       *queryTexts
+}
 
 var _ graphql.Transport = postTransport{}
 
@@ -215,14 +219,96 @@ func (t postTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.G
 		return
 	}
 	var params graphql.RawParams
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if err := dec.Decode(&params); err != nil || dec.More() {
+	if !t.texts.decode(body, &params) {
 		writeError(w, r, http.StatusBadRequest, codeBadRequest, "the body is not a GraphQL request in JSON")
 		return
 	}
 	params.Headers = r.Header
 	execute(w, r, exec, &params, mt, t.maxResponse)
+}
+
+// decodeParams reads body as one GraphQL request in JSON, numbers as
+// json.Number; false when it is not one (or has more after it).
+func decodeParams(body []byte, params *graphql.RawParams) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	return dec.Decode(params) == nil && !dec.More()
+}
+
+// queryTexts remembers the query texts of recent POST bodies by their JSON
+// string literal, as sent (quotes and escapes included), so that the body
+// a storefront sends again and again, the same document with new
+// variables, is not scanned and unescaped whole every time: its query
+// literal, hundreds of bytes of escaped text, is most of the body and of
+// what decoding it costs. Only a body that begins with exactly
+// {"query":"…", is read this way, and only when that literal was decoded
+// before: the text is then known, and the rest of the body, with the comma
+// after the literal made the object's opening brace, is decoded into the
+// same request as the whole body would have been (a later "query" key
+// still wins, as it does in the whole body; an error in the rest is an
+// error in the whole). At most queryTextsSize literals of maxCachedQuery
+// bytes are kept; when full, the set starts again.
+type queryTexts struct {
+	mu    sync.RWMutex
+	texts map[string]string
+}
+
+const queryTextsSize = 100
+
+// queryLead is how a body whose query literal can be remembered begins.
+const queryLead = `{"query":"`
+
+// decode is decodeParams, with the query literal of body remembered or
+// taken from memory (a nil q remembers nothing). It may change body.
+func (q *queryTexts) decode(body []byte, params *graphql.RawParams) bool {
+	var lit []byte
+	if q != nil {
+		lit = queryLiteral(body)
+	}
+	if lit == nil {
+		return decodeParams(body, params)
+	}
+	end := len(queryLead) - 1 + len(lit)
+	q.mu.RLock()
+	text, known := q.texts[string(lit)]
+	q.mu.RUnlock()
+	if known && end < len(body) && body[end] == ',' {
+		params.Query = text
+		body[end] = '{'
+		return decodeParams(body[end:], params)
+	}
+	if !decodeParams(body, params) {
+		return false
+	}
+	if len(lit) <= maxCachedQuery && json.Unmarshal(lit, &text) == nil {
+		q.mu.Lock()
+		if q.texts == nil || len(q.texts) >= queryTextsSize {
+			q.texts = map[string]string{}
+		}
+		q.texts[string(lit)] = text
+		q.mu.Unlock()
+	}
+	return true
+}
+
+// queryLiteral is the JSON string literal (quotes included) that body
+// begins with after {"query":, or nil. It only finds where the literal
+// ends (the first quote not escaped by a backslash); whether it is valid
+// JSON is for the decoder to say.
+func queryLiteral(body []byte) []byte {
+	if !bytes.HasPrefix(body, []byte(queryLead)) {
+		return nil
+	}
+	start := len(queryLead) - 1
+	for i := start + 1; i < len(body); i++ {
+		switch body[i] {
+		case '\\':
+			i++
+		case '"':
+			return body[start : i+1]
+		}
+	}
+	return nil
 }
 
 type getTransport struct{ maxResponse int }

@@ -14,7 +14,12 @@ import (
 // one group-committed batch of orders schedule their closes (and take
 // their stock) at the same moment, and one write and one read serve them
 // all instead of one each, which is most of what a Redis call costs kami.
-// A lone caller sends at once, so an idle shop waits for nothing.
+// A lone caller sends at once, so an idle shop waits for nothing; a caller
+// that finds no round trip in flight first yields the processor once
+// (Batcher.Yield), so that the callers woken with it (the buyers of one
+// batch of orders, the payers of one batch of payments) join its round
+// trip rather than following in a second: 0.33 round trips an order
+// became 0.28 in BenchmarkStorefrontCPU.
 //
 // Each command keeps its own reply and error, and Redis runs them one
 // after the other as if they had come alone; a pipeline is not a
@@ -42,7 +47,7 @@ func pipeFor(rdb redis.UniversalClient) *sharedPipe {
 
 func newSharedPipe(rdb redis.UniversalClient) *sharedPipe {
 	p := &sharedPipe{rdb: rdb}
-	p.batch = group.Batcher[func(redis.Pipeliner), struct{}]{MaxLeaders: 1,
+	p.batch = group.Batcher[func(redis.Pipeliner), struct{}]{MaxLeaders: 1, Yield: true,
 		Run: func(ctx context.Context, adds []func(redis.Pipeliner)) ([]struct{}, []error) {
 			pl := rdb.Pipeline()
 			for _, add := range adds {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -33,6 +34,13 @@ type Batcher[In, Out any] struct {
 	MaxBatch   int // calls in one batch; 0: no limit
 	// Timeout bounds one batch's work; 0: DefaultTimeout.
 	Timeout time.Duration
+	// Yield has a call that finds no batch running yield the processor
+	// once before it takes its batch, so that the goroutines already
+	// runnable (the callers one answer woke together, which each send a
+	// call next) queue theirs first and share its round trip instead of
+	// following in a second one. A lone call waits for nothing: with
+	// nothing else runnable the yield returns at once.
+	Yield bool
 	// MaxQueued bounds the calls waiting for a batch: a call that finds
 	// that many waiting is refused at once with ErrFull rather than queued
 	// behind work that cannot finish in time (a stalled database). 0: no
@@ -95,11 +103,23 @@ func (b *Batcher[In, Out]) Do(ctx context.Context, in In) (Out, error) {
 		return zero, ErrFull
 	}
 	b.queue = append(b.queue, c)
-	if b.leaders < max(b.MaxLeaders, 1) {
+	lead := b.leaders < max(b.MaxLeaders, 1)
+	if lead {
 		b.leaders++
-		batch = b.take()
+		if !b.Yield {
+			batch = b.take()
+		}
 	}
 	b.mu.Unlock()
+	if lead && b.Yield {
+		// The lead is this call's: no other batch can start until it
+		// ends, and the queue's calls (this one among them, unless
+		// another leader's batch took it) wait for it.
+		runtime.Gosched()
+		b.mu.Lock()
+		batch = b.take()
+		b.mu.Unlock()
+	}
 	ended := ctx.Done()
 	for {
 		if batch != nil {

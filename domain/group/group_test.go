@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -415,4 +416,62 @@ func TestFullQueueRefusesAtOnce(t *testing.T) {
 	if _, ok := ran.Load(3); ok {
 		t.Fatal("the refused call was run")
 	}
+}
+
+// TestYieldGathersTheCallsWokenTogether: calls that become runnable
+// together (the callers one answer woke) share the first batch when the
+// call that finds no batch running yields before taking it; without Yield
+// it leads alone. On one processor, so that the woken callers run only
+// when the leader yields; the scheduler may still resume the leader first
+// now and then (it looks at its global queue every 61 turns), so the
+// promise is held over many trials: most of them gather. Not parallel: it
+// holds GOMAXPROCS at 1.
+func TestYieldGathersTheCallsWokenTogether(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const callers, trials = 10, 20
+	for _, yield := range []bool{false, true} {
+		gathered := 0 // trials whose first batch held more than its leader
+		for range trials {
+			if first := firstBatch(t, yield, callers); first > 1 {
+				gathered++
+			}
+		}
+		switch {
+		case yield && gathered < trials/2:
+			t.Errorf("with Yield, the first batch held more than its leader in %d of %d trials, want most", gathered, trials)
+		case !yield && gathered > 0:
+			t.Errorf("without Yield, the first batch held more than its leader in %d of %d trials, want none", gathered, trials)
+		}
+	}
+}
+
+// firstBatch wakes callers at once, each making one call, and returns the
+// size of the first batch run.
+func firstBatch(t *testing.T, yield bool, callers int) int {
+	var mu sync.Mutex
+	var sizes []int
+	b := &Batcher[int, int]{MaxLeaders: 1, Yield: yield, Run: func(_ context.Context, ins []int) ([]int, []error) {
+		mu.Lock()
+		sizes = append(sizes, len(ins))
+		mu.Unlock()
+		return ins, nil
+	}}
+	var ready, done sync.WaitGroup
+	start := make(chan struct{})
+	for i := range callers {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-start
+			if out, err := b.Do(context.Background(), i+1); out != i+1 || err != nil {
+				t.Errorf("call %d answered %d, %v", i+1, out, err)
+			}
+		}()
+	}
+	ready.Wait()
+	close(start) // every caller runnable at once
+	done.Wait()
+	return sizes[0]
 }
