@@ -243,6 +243,36 @@ func (b *bundle) status(t *testing.T, orderNo string) domain.OrderStatus {
 	return o.Status
 }
 
+// finishesUnblocked waits until what (finished tells when it is done, its
+// error sent back for receive to read) is done or waits on a lock (waited),
+// then rolls back tx, the transaction holding that lock; whether what
+// waited.
+func finishesUnblocked(t *testing.T, what string, finished chan error, tx bun.Tx, waited func() (bool, error)) (blocked bool) {
+	t.Helper()
+	var err error
+	done := false
+	waitFor(t, what+" done, or waiting on another transaction's lock", func() bool {
+		select {
+		case err = <-finished:
+			done = true
+			return true
+		default:
+		}
+		w, werr := waited()
+		if werr != nil {
+			t.Fatal(werr)
+		}
+		return w
+	})
+	if done {
+		finished <- err // for receive
+	}
+	if rerr := tx.Rollback(); rerr != nil {
+		t.Fatal(rerr)
+	}
+	return !done
+}
+
 // TestCloseWaitsOnlyForItsOrders: a close batch locks its own orders and
 // no other, so another order locked by a transaction still open (a
 // payment under way) does not hold the close up. MariaDB plans the close's
@@ -284,31 +314,10 @@ func TestCloseWaitsOnlyForItsOrders(t *testing.T) {
 				_, err := b.ledger.CloseOrders(b.ctx, nos, domain.CloseCancel)
 				closed <- err
 			}()
-			var closeErr error
-			done := false
-			waitFor(t, "the close done, or waiting on the other order", func() bool {
-				select {
-				case closeErr = <-closed:
-					done = true
-					return true
-				default:
-				}
-				w, err := c.waited("orders")(b.ctx, db, id)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return w
-			})
-			if !done {
+			if finishesUnblocked(t, "the close", closed, tx, func() (bool, error) { return c.waited("orders")(b.ctx, db, id) }) {
 				t.Errorf("the close of %d orders waits for another order's lock", len(nos))
 			}
-			if err := tx.Rollback(); err != nil {
-				t.Fatal(err)
-			}
-			if !done {
-				closeErr = receive(t, "the close", closed)
-			}
-			if closeErr != nil {
+			if closeErr := receive(t, "the close", closed); closeErr != nil {
 				t.Fatalf("CloseOrders: %v", closeErr)
 			}
 			for _, no := range nos {
