@@ -748,14 +748,27 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	}
 	results := make([]CloseResult, 0, len(nos))
 	found := make(map[string]bool, len(closed)+len(others))
+	var left []string
 	for _, o := range others {
 		found[o.OrderNo] = true
 		r := CloseResult{OrderNo: o.OrderNo, Outcome: CloseSkipped, Status: o.Status, ProductID: o.ProductID, ExpiresAt: o.ExpiresAt}
 		if o.Status == OrderPending {
 			// Still PENDING, not closed: for a timeout, not due by dueBy.
 			r.Outcome = CloseNotDue
+		} else {
+			left = append(left, o.OrderNo)
 		}
 		results = append(results, r)
+	}
+	if len(left) > 0 {
+		// No longer PENDING, so they have no row in pending_order, unless
+		// a process of a version from before it paid or closed them (a
+		// rolling upgrade): the sweeper schedules such a row's close again
+		// and again, and the caps count it, so it goes here, where its
+		// order is locked, not only in the nightly RepairPendingRows.
+		if _, err := leavePending(tx, left).Exec(ctx); err != nil {
+			return nil, nil, err
+		}
 	}
 	closing := make([]string, len(closed))
 	for i := range closed {
@@ -1142,16 +1155,33 @@ func (l *Ledger) RepairPendingRows(ctx context.Context) (added, removed int, err
 		return 0, len(stale), nil
 	}
 	// Each order locked and still PENDING gets its row: one paid or
-	// closed meanwhile is left alone.
+	// closed meanwhile is left alone, and one another run of this gave
+	// its row meanwhile (it locked the order first too) is not given a
+	// second. On MariaDB the orders are read by order_no's index, so
+	// that they are locked in that order (see closeOrderRows).
 	err = inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		var os []Order
-		if err := forUpdate(tx.NewSelect().Model(&os).Where("order_no IN (?)", bun.List(uniqueSorted(orphans))).
+		if err := forUpdate(tx.NewSelect().Model(&os).ForceIndex(nameIndexMySQL[[2]string{tableOrders, "order_no"}]).
+			Where("order_no IN (?)", bun.List(uniqueSorted(orphans))).
 			Where("status = ?", OrderPending).OrderExpr("order_no")).Scan(ctx); err != nil {
 			return err
 		}
-		rows := make([]PendingOrder, len(os))
+		var have []string
+		if len(os) > 0 {
+			if err := forUpdate(tx.NewSelect().Model((*PendingOrder)(nil)).Column("order_no").
+				Where("order_no IN (?)", bun.List(orphans))).Scan(ctx, &have); err != nil {
+				return err
+			}
+		}
+		has := make(map[string]bool, len(have))
+		for _, no := range have {
+			has[no] = true
+		}
+		rows := make([]PendingOrder, 0, len(os))
 		for i := range os {
-			rows[i] = pendingOrderOf(&os[i])
+			if !has[os[i].OrderNo] {
+				rows = append(rows, pendingOrderOf(&os[i]))
+			}
 		}
 		added = len(rows)
 		if len(rows) == 0 {

@@ -192,3 +192,30 @@ func TestNoOrdersIndexNamesWhatAPaymentOrCloseWrites(t *testing.T) {
 		}
 	})
 }
+
+// TestCloseRemovesARowLeftForAnOrderNoLongerPending: a row of
+// pending_order whose order was paid by a process of an older version
+// (which knows nothing of the table) is scheduled by the sweeper again and
+// again; the close it schedules removes it.
+func TestCloseRemovesARowLeftForAnOrderNoLongerPending(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 4)
+		paid, other := b.order(t, p, 1).Order, b.order(t, p, 1).Order
+		b.pay(t, paid, "T-1", "N-1")
+		stale := domain.PendingOrder{OrderNo: paid.OrderNo, ProductID: paid.ProductID, Quantity: paid.Quantity,
+			Contact: paid.Contact, ClientAddr: paid.ClientAddr, ExpiresAt: paid.ExpiresAt}
+		if _, err := db.NewInsert().Model(&stale).Exec(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		rs, err := b.ledger.CloseOrders(b.ctx, []string{paid.OrderNo}, domain.CloseTimeout)
+		if err != nil || len(rs) != 1 || rs[0].Outcome != domain.CloseSkipped {
+			t.Fatalf("close of a paid order: %+v, %v", rs, err)
+		}
+		rows := pendingRows(t, db)
+		if _, ok := rows[paid.OrderNo]; ok || len(rows) != 1 {
+			t.Errorf("rows after the close: %v; want only %s's", rows, other.OrderNo)
+		}
+		b.mustAudit(t)
+	})
+}

@@ -272,7 +272,7 @@ func (q *queryTexts) decode(body []byte, params *graphql.RawParams) bool {
 	q.mu.RLock()
 	text, known := q.texts[string(lit)]
 	q.mu.RUnlock()
-	if known && end < len(body) && body[end] == ',' {
+	if known && end < len(body) && body[end] == ',' && keyFollows(body[end+1:]) {
 		params.Query = text
 		body[end] = '{'
 		return decodeParams(body[end:], params)
@@ -289,6 +289,14 @@ func (q *queryTexts) decode(body []byte, params *graphql.RawParams) bool {
 		q.mu.Unlock()
 	}
 	return true
+}
+
+// keyFollows reports whether rest, what follows the comma after the
+// query literal, begins (after white space) with a key: "," then "}" is
+// no JSON object, but made "{}" it would be one.
+func keyFollows(rest []byte) bool {
+	rest = bytes.TrimLeft(rest, " \t\r\n")
+	return len(rest) > 0 && rest[0] == '"'
 }
 
 // queryLiteral is the JSON string literal (quotes included) that body

@@ -28,15 +28,19 @@ import (
 // PENDING ones, the newest, come first; a rare status reads further); by
 // contact it has (contact, created_at), which also serves its order.
 //
-// The backfill runs under a lock that stops every write to orders until
-// the step commits (PostgreSQL; SQLite has one writer), so no order placed
-// meanwhile is missed. A process of an older version that places an order
-// after this ran writes no row for it; the reconcile run repairs that
-// (Ledger.RepairPendingRows), and the audit names it (pending_row).
+// The backfill runs under a lock that stops every use of orders until the
+// step commits (PostgreSQL; SQLite has one writer), so no order placed
+// meanwhile is missed. It is taken whole at the start: a weaker lock
+// there, raised by the DROP INDEX later, deadlocks with a placement that
+// has read orders and then writes to it. A process of an older version
+// that places an order after this ran writes no row for it, and one that
+// pays or closes an order leaves its row: the nightly reconciliation
+// repairs both (Ledger.RepairPendingRows), a close of such an order
+// removes its row, and the audit names both (pending_row).
 func init() {
 	Migrations.MustRegister(step(func(ctx context.Context, db bun.IDB) error {
 		if db.Dialect().Name() == dialect.PG {
-			if _, err := db.ExecContext(ctx, "LOCK TABLE orders IN SHARE MODE"); err != nil {
+			if _, err := db.ExecContext(ctx, "LOCK TABLE orders IN ACCESS EXCLUSIVE MODE"); err != nil {
 				return err
 			}
 		}
