@@ -519,7 +519,7 @@ type SweepResult struct {
 // expires_at, so an overdue one is closed at once by the drain; due
 // PROCESSING refunds are queued; stock counters that are missing or
 // disagree with the database are rebuilt (StockGate.Check). Orders
-// are read in pages from the (status, expires_at) index. If Redis cannot be
+// are read in pages from pending_order's (expires_at, order_no) index. If Redis cannot be
 // reached, overdue orders are closed straight through the ledger instead.
 func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 	var res SweepResult
