@@ -33,9 +33,10 @@ type Cluster struct {
 const ClusterNodeTimeout = 4 * time.Second
 
 // StartCluster starts a 3-master, 3-replica Redis Cluster for the test and
-// waits until every node reports cluster_state:ok and every master has its
-// replica in sync. It skips the test when the machine has no redis-server,
-// unless KAMI_TEST_REQUIRE_SERVICES=1.
+// waits until it is ok (see WaitOK): every node knows every other, reports
+// cluster_state:ok, and every master has its replica in sync. It skips the
+// test when the machine has no redis-server, unless
+// KAMI_TEST_REQUIRE_SERVICES=1.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
 	needServer(t)
@@ -125,10 +126,10 @@ func (c *Cluster) create(ctx context.Context) error {
 	return nil
 }
 
-// WaitOK waits until every running node reports cluster_state:ok and knows
-// every slot's master as one that is running, and every running master has
-// a replica in sync: the state after a start, and after a failover has
-// finished. When it is not, the test fails with what every running node
+// WaitOK waits until every running node knows every other, reports
+// cluster_state:ok and knows every slot's master as one that is running,
+// and every running master has a replica in sync: the state after a start,
+// and after a failover has finished. When it is not, the test fails with what every running node
 // says of the cluster.
 func (c *Cluster) WaitOK() {
 	c.t.Helper()
@@ -265,11 +266,16 @@ func (v nodeView) masters() []slotMaster {
 // notOK says why the cluster is not ok yet, by the running nodes' views
 // ("" when it is).
 func notOK(views []nodeView, running map[string]bool) string {
-	synced := 0
 	for _, v := range views {
 		if v.err != nil {
 			return fmt.Sprintf("%s does not answer: %v", v.n.Addr, v.err)
 		}
+	}
+	if u := unknown(views); len(u) > 0 {
+		return fmt.Sprintf("%s does not know %s, a running node of the cluster", u[0].viewer.n.Addr, u[0].stranger.n.Addr)
+	}
+	synced := 0
+	for _, v := range views {
 		if field(v.info, "cluster_state") != "ok" {
 			return v.n.Addr + " reports a cluster state other than ok"
 		}
@@ -328,15 +334,23 @@ func (c *Cluster) describe(views []nodeView) string {
 	return b.String()
 }
 
-// help finishes what Redis's election has not: every running replica whose
-// master is not running takes over (CLUSTER FAILOVER TAKEOVER), again each
-// time while it is still a replica; and a running master whose slots a
+// help finishes what Redis has not: a running node that another does not
+// know (its handshake timed out on a starved machine: it knows the others,
+// but they ignore what it sends, its votes asked and its claims, and no
+// one tells them of it) is met by it (CLUSTER MEET); every running replica
+// whose master is not running takes over (CLUSTER FAILOVER TAKEOVER), again
+// each time while it is still a replica; and a running master whose slots a
 // running node still credits to a node that is not running, with a config
 // epoch no lower than the master's own, gets a greater epoch (CLUSTER
 // BUMPEPOCH), since Redis gives a slot to a new claim only with a
 // greater epoch.
 func (c *Cluster) help(views []nodeView) {
 	running := c.running()
+	for _, u := range unknown(views) {
+		host, port, _ := net.SplitHostPort(u.stranger.n.Addr)
+		reply, err := command(u.viewer.n, "CLUSTER", "MEET", host, port, u.stranger.n.busPort)
+		c.t.Logf("redistest: %s does not know %s: CLUSTER MEET: %s", u.viewer.n.Addr, u.stranger.n.Addr, outcome(reply, err))
+	}
 	for _, v := range views {
 		if v.err != nil || field(v.repl, "role") != "slave" {
 			continue
@@ -439,6 +453,33 @@ func staleClaims(views []nodeView, running map[string]bool) []staleClaim {
 				}
 				claimed[m.n.Addr] = true
 				out = append(out, staleClaim{viewer: v, claimant: m, dead: d.addr, deadEpoch: d.epoch, slots: d.slots, epoch: me.epoch})
+			}
+		}
+	}
+	return out
+}
+
+// acquaintance: viewer does not know stranger, both running.
+type acquaintance struct{ viewer, stranger nodeView }
+
+// unknown is every pair of running nodes of which the first does not know
+// the second (by its node ID, with its address, its handshake complete).
+func unknown(views []nodeView) []acquaintance {
+	var out []acquaintance
+	for _, w := range views {
+		me, ok := w.myself()
+		if !ok {
+			continue
+		}
+		for _, v := range views {
+			if v.n == w.n {
+				continue
+			}
+			known := slices.ContainsFunc(v.nodes, func(l nodeLine) bool {
+				return l.id == me.id && l.addr == w.n.Addr && !l.is("handshake") && !l.is("noaddr")
+			})
+			if !known {
+				out = append(out, acquaintance{viewer: v, stranger: w})
 			}
 		}
 	}

@@ -100,3 +100,27 @@ func clusterPair(t *testing.T) (c *Cluster, master, replica *Private) {
 	t.Fatalf("no replica of %s", master.Addr)
 	return nil, nil, nil
 }
+
+// TestWaitOKMeetsANodeTheOthersDoNotKnow: the master's replica knows every
+// node, but no other node knows it (its handshakes timed out on a starved
+// machine; here they forget it), so they ignore its election and its
+// TAKEOVER, and no one tells them of it. Its master dies; WaitOK has the
+// others meet it, and returns with it the master of the dead master's
+// slots. Before, the cluster stayed failed for good after the TAKEOVER,
+// as it did in CI.
+func TestWaitOKMeetsANodeTheOthersDoNotKnow(t *testing.T) {
+	c, dead, replica := clusterPair(t)
+	me, _ := view(replica).myself()
+	for _, n := range c.Nodes {
+		if n != replica {
+			if _, err := command(n, "CLUSTER", "FORGET", me.id); err != nil {
+				t.Fatalf("CLUSTER FORGET on %s: %v", n.Addr, err)
+			}
+		}
+	}
+	dead.Stop()
+	c.WaitOK()
+	if m := c.MasterOf("k"); m != replica {
+		t.Fatalf("the master of k is %s, want the dead master's replica %s", m.Addr, replica.Addr)
+	}
+}
