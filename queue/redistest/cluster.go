@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,9 +33,10 @@ type Cluster struct {
 const ClusterNodeTimeout = 4 * time.Second
 
 // StartCluster starts a 3-master, 3-replica Redis Cluster for the test and
-// waits until every node reports cluster_state:ok and every master has its
-// replica in sync. It skips the test when the machine has no redis-server,
-// unless KAMI_TEST_REQUIRE_SERVICES=1.
+// waits until it is ok (see WaitOK): every node knows every other, reports
+// cluster_state:ok, and every master has its replica in sync. It skips the
+// test when the machine has no redis-server, unless
+// KAMI_TEST_REQUIRE_SERVICES=1.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
 	needServer(t)
@@ -124,56 +126,269 @@ func (c *Cluster) create(ctx context.Context) error {
 	return nil
 }
 
-// WaitOK waits until every running node reports cluster_state:ok and knows
-// every slot's master as one that is running, and every running master has
-// a replica in sync: the state after a start, and after a failover has
-// finished.
+// WaitOK waits until every running node knows every other, reports
+// cluster_state:ok and knows every slot's master as one that is running,
+// and every running master has a replica in sync: the state after a start,
+// and after a failover has finished. When it is not, the test fails with what every running node
+// says of the cluster.
 func (c *Cluster) WaitOK() {
 	c.t.Helper()
+	if err := c.waitOK(2 * time.Minute); err != nil { // a failover on a busy machine
+		c.t.Fatalf("redistest: %v", err)
+	}
+}
+
+// failoverOverdue is how long WaitOK leaves a failover to Redis's election
+// before it helps: the dead master's FAIL takes a node timeout and its
+// gossip, the election half a second to a second, and a vote missed on a
+// starved machine another node timeout or two.
+const failoverOverdue = 3 * ClusterNodeTimeout
+
+// waitOK is WaitOK with its patience: the error says why the cluster is
+// not ok once patience has passed, with every running node's view.
+func (c *Cluster) waitOK(patience time.Duration) error {
 	start := time.Now()
-	deadline := start.Add(2 * time.Minute) // a failover on a busy machine
-	nudged := start
+	var helped time.Time
+	helps := 0
 	for {
-		why := c.notOK()
+		views := c.survey()
+		why := notOK(views, c.running())
 		if why == "" {
-			return
+			if helps > 0 {
+				c.t.Logf("redistest: the Redis Cluster was ok %s after the wait began, helped %d times", time.Since(start).Round(time.Millisecond), helps)
+			}
+			return nil
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("redistest: the Redis Cluster is not ok: %s", why)
+		if time.Since(start) >= patience {
+			return fmt.Errorf("the Redis Cluster is not ok %s after the wait began: %s\n%s", time.Since(start).Round(time.Millisecond), why, c.describe(views))
 		}
 		// On a starved machine the election can miss its window again and
 		// again (the masters' votes arrive late). What the tests look at
-		// is kami after a failover, not Redis's election: past a few node
-		// timeouts, tell the dead master's replica to take over.
-		if time.Since(nudged) > 5*ClusterNodeTimeout {
-			c.takeOverDeadMasters()
-			nudged = time.Now()
+		// is kami after a failover, not Redis's election: once it is
+		// overdue, help it, again every node timeout while it is not ok.
+		if time.Since(start) > failoverOverdue && time.Since(helped) > ClusterNodeTimeout {
+			if helps == 0 {
+				c.t.Logf("redistest: the Redis Cluster is not ok %s after the wait began (%s); helping it:\n%s", time.Since(start).Round(time.Millisecond), why, c.describe(views))
+			}
+			c.help(views)
+			helped = time.Now()
+			helps++
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// takeOverDeadMasters sends CLUSTER FAILOVER TAKEOVER to every running
-// replica whose master is not running.
-func (c *Cluster) takeOverDeadMasters() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	running := c.running()
+// nodeView is what one running node says of the cluster.
+type nodeView struct {
+	n *Private
+	// err: the node did not answer (the rest is what it answered before).
+	err error
+	// info is its CLUSTER INFO, repl its INFO replication.
+	info, repl string
+	// nodes is its CLUSTER NODES, one entry for every node it knows.
+	nodes []nodeLine
+}
+
+// nodeLine is one line of CLUSTER NODES: how a node sees one node.
+type nodeLine struct {
+	id, addr string   // addr: host:port, without the bus port
+	flags    []string // myself, master, slave, fail?, fail, handshake, noaddr…
+	epoch    string   // its config epoch
+	link     string   // connected or disconnected
+	slots    []string // its slot ranges, "0-5460" or "42"
+}
+
+func (l nodeLine) is(flag string) bool { return slices.Contains(l.flags, flag) }
+
+// survey asks every running node what it says of the cluster, each
+// command with its own deadline: a starved node answers late.
+func (c *Cluster) survey() []nodeView {
+	var views []nodeView
 	for _, n := range c.Nodes {
-		if !running[n.Addr] {
+		if n.Running() {
+			views = append(views, view(n))
+		}
+	}
+	return views
+}
+
+// view asks n what it says of the cluster.
+func view(n *Private) nodeView {
+	v := nodeView{n: n}
+	v.info, v.err = command(n, "CLUSTER", "INFO")
+	if v.err == nil {
+		var nodes string
+		nodes, v.err = command(n, "CLUSTER", "NODES")
+		v.nodes = parseClusterNodes(nodes)
+	}
+	if v.err == nil {
+		v.repl, v.err = command(n, "INFO", "replication")
+	}
+	return v
+}
+
+// parseClusterNodes reads CLUSTER NODES: id addr flags master ping-sent
+// pong-recv config-epoch link-state slot…
+func parseClusterNodes(s string) []nodeLine {
+	var out []nodeLine
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 {
 			continue
 		}
-		cl := n.client()
-		repl, err := cl.Info(ctx, "replication").Result()
-		if err == nil && strings.Contains(repl, "role:slave") {
-			host, port := field(repl, "master_host"), field(repl, "master_port")
-			if !running[net.JoinHostPort(host, port)] {
-				c.t.Logf("redistest: %s's master %s:%s is down and no failover happened: CLUSTER FAILOVER TAKEOVER", n.Addr, host, port)
-				_ = cl.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err()
+		addr, _, _ := strings.Cut(f[1], "@")
+		l := nodeLine{id: f[0], addr: addr, flags: strings.Split(f[2], ","), epoch: f[6], link: f[7]}
+		for _, r := range f[8:] {
+			if !strings.HasPrefix(r, "[") { // [slot->-id]: a slot migrating
+				l.slots = append(l.slots, r)
 			}
 		}
-		cl.Close()
+		out = append(out, l)
 	}
+	return out
+}
+
+// masters is the slot ranges and their masters, as v sees them: a master
+// it holds failed (FAIL) has no range.
+func (v nodeView) masters() []slotMaster {
+	var out []slotMaster
+	for _, l := range v.nodes {
+		if !l.is("master") || l.is("fail") {
+			continue
+		}
+		for _, r := range ranges(l.slots) {
+			out = append(out, slotMaster{start: r[0], end: r[1], master: l.addr})
+		}
+	}
+	return out
+}
+
+// notOK says why the cluster is not ok yet, by the running nodes' views
+// ("" when it is).
+func notOK(views []nodeView, running map[string]bool) string {
+	for _, v := range views {
+		if v.err != nil {
+			return fmt.Sprintf("%s does not answer: %v", v.n.Addr, v.err)
+		}
+	}
+	if u := unknown(views); len(u) > 0 {
+		return fmt.Sprintf("%s does not know %s, a running node of the cluster", u[0].viewer.n.Addr, u[0].stranger.n.Addr)
+	}
+	synced := 0
+	for _, v := range views {
+		if field(v.info, "cluster_state") != "ok" {
+			return v.n.Addr + " reports a cluster state other than ok"
+		}
+		covered := 0
+		for _, s := range v.masters() {
+			if !running[s.master] {
+				return fmt.Sprintf("%s names a master that is not running for slots %d-%d", v.n.Addr, s.start, s.end)
+			}
+			covered += int(s.end - s.start + 1)
+		}
+		if covered != 16384 {
+			return fmt.Sprintf("%s knows masters for %d of 16384 slots", v.n.Addr, covered)
+		}
+		if field(v.repl, "role") == "slave" {
+			if field(v.repl, "master_link_status") != "up" {
+				return v.n.Addr + ": a replica not in sync with its master yet"
+			}
+			synced++
+		}
+	}
+	if len(running) == 6 && synced < 3 {
+		return fmt.Sprintf("%d of 3 replicas in sync", synced)
+	}
+	return ""
+}
+
+// describe is what every running node says of the cluster: its state,
+// epoch and role, and every node it knows, with the flags it holds for it
+// (fail? a node it cannot reach, fail a node the majority of masters
+// agreed is down), its epoch, link and slots.
+func (c *Cluster) describe(views []nodeView) string {
+	var b strings.Builder
+	for _, n := range c.Nodes {
+		if !n.Running() {
+			fmt.Fprintf(&b, "%s: not running\n", n.Addr)
+		}
+	}
+	for _, v := range views {
+		fmt.Fprintf(&b, "%s: cluster_state:%s cluster_current_epoch:%s cluster_my_epoch:%s role:%s",
+			v.n.Addr, field(v.info, "cluster_state"), field(v.info, "cluster_current_epoch"), field(v.info, "cluster_my_epoch"), field(v.repl, "role"))
+		if field(v.repl, "role") == "slave" {
+			fmt.Fprintf(&b, " of %s:%s link %s", field(v.repl, "master_host"), field(v.repl, "master_port"), field(v.repl, "master_link_status"))
+		}
+		if v.err != nil {
+			fmt.Fprintf(&b, " (does not answer: %v)", v.err)
+		}
+		b.WriteString("\n")
+		for _, l := range slices.SortedFunc(slices.Values(v.nodes), func(a, b nodeLine) int { return strings.Compare(a.addr, b.addr) }) {
+			slots := strings.Join(l.slots, " ")
+			if slots == "" {
+				slots = "none"
+			}
+			fmt.Fprintf(&b, "    sees %s %s %s epoch %s link %s slots %s\n", l.addr, l.id[:min(8, len(l.id))], strings.Join(l.flags, ","), l.epoch, l.link, slots)
+		}
+	}
+	return b.String()
+}
+
+// help finishes what Redis has not: a running node that another does not
+// know (its handshake timed out on a starved machine: it knows the others,
+// but they ignore what it sends, its votes asked and its claims, and no
+// one tells them of it) is met by it (CLUSTER MEET); every running replica
+// whose master is not running takes over (CLUSTER FAILOVER TAKEOVER), again
+// each time while it is still a replica; and a running master whose slots a
+// running node still credits to a node that is not running, with a config
+// epoch no lower than the master's own, gets a greater epoch (CLUSTER
+// BUMPEPOCH), since Redis gives a slot to a new claim only with a
+// greater epoch.
+func (c *Cluster) help(views []nodeView) {
+	running := c.running()
+	for _, u := range unknown(views) {
+		host, port, _ := net.SplitHostPort(u.stranger.n.Addr)
+		reply, err := command(u.viewer.n, "CLUSTER", "MEET", host, port, u.stranger.n.busPort)
+		c.t.Logf("redistest: %s does not know %s: CLUSTER MEET: %s", u.viewer.n.Addr, u.stranger.n.Addr, outcome(reply, err))
+	}
+	for _, v := range views {
+		if v.err != nil || field(v.repl, "role") != "slave" {
+			continue
+		}
+		master := net.JoinHostPort(field(v.repl, "master_host"), field(v.repl, "master_port"))
+		if running[master] {
+			continue
+		}
+		reply, err := command(v.n, "CLUSTER", "FAILOVER", "TAKEOVER")
+		c.t.Logf("redistest: %s's master %s is down and no failover happened: CLUSTER FAILOVER TAKEOVER: %s", v.n.Addr, master, outcome(reply, err))
+	}
+	for _, s := range staleClaims(views, running) {
+		reply, err := command(s.claimant.n, "CLUSTER", "BUMPEPOCH")
+		c.t.Logf("redistest: %s credits slots %s to %s, which is not running, with epoch %s; %s claims them with epoch %s: CLUSTER BUMPEPOCH on %s: %s",
+			s.viewer.n.Addr, strings.Join(s.slots, " "), s.dead, s.deadEpoch, s.claimant.n.Addr, s.epoch, s.claimant.n.Addr, outcome(reply, err))
+		if !strings.HasPrefix(reply, "STILL") {
+			continue
+		}
+		// The claimant has the greatest epoch it knows of already: a
+		// replica takes a greater one (a replica's own epoch is no claim),
+		// which the claimant learns from its next message, so the next
+		// help bumps it past the dead node's.
+		for _, r := range views {
+			if r.err == nil && field(r.repl, "role") == "slave" {
+				reply, err := command(r.n, "CLUSTER", "BUMPEPOCH")
+				c.t.Logf("redistest: CLUSTER BUMPEPOCH on the replica %s, to raise the current epoch: %s", r.n.Addr, outcome(reply, err))
+				break
+			}
+		}
+	}
+}
+
+// outcome is a command's reply, or its error.
+func outcome(reply string, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return reply
 }
 
 // running is the addresses of the nodes that are running.
@@ -197,78 +412,139 @@ func field(info, name string) string {
 	return ""
 }
 
-// notOK says why the cluster is not ok yet ("" when it is).
-func (c *Cluster) notOK() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// command sends one command to n, with a deadline of its own; the reply
+// (a string or a number) is its text.
+func command(n *Private, args ...any) (string, error) {
+	cl := n.client()
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	running := c.running()
-	allRunning := len(running) == len(c.Nodes)
-	synced := 0
-	for _, n := range c.Nodes {
-		if !running[n.Addr] {
+	reply, err := cl.Do(ctx, args...).Result()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprint(reply), nil
+}
+
+// staleClaim: viewer credits slots to dead, a node that is not running,
+// with a config epoch (deadEpoch) no lower than the epoch with which the
+// running master claimant claims them; Redis keeps the old owner then.
+type staleClaim struct {
+	viewer, claimant nodeView
+	dead, deadEpoch  string
+	slots            []string
+	epoch            string
+}
+
+// staleClaims is the stale claims among the views, at most one for each
+// claimant.
+func staleClaims(views []nodeView, running map[string]bool) []staleClaim {
+	var out []staleClaim
+	claimed := map[string]bool{}
+	for _, v := range views {
+		for _, d := range v.nodes {
+			if running[d.addr] || !d.is("master") || len(d.slots) == 0 {
+				continue
+			}
+			for _, m := range views {
+				me, ok := m.myself()
+				if !ok || !me.is("master") || claimed[m.n.Addr] || !overlap(me.slots, d.slots) || epoch(me.epoch) > epoch(d.epoch) {
+					continue
+				}
+				claimed[m.n.Addr] = true
+				out = append(out, staleClaim{viewer: v, claimant: m, dead: d.addr, deadEpoch: d.epoch, slots: d.slots, epoch: me.epoch})
+			}
+		}
+	}
+	return out
+}
+
+// acquaintance: viewer does not know stranger, both running.
+type acquaintance struct{ viewer, stranger nodeView }
+
+// unknown is every pair of running nodes of which the first does not know
+// the second (by its node ID, with its address, its handshake complete).
+func unknown(views []nodeView) []acquaintance {
+	var out []acquaintance
+	for _, w := range views {
+		me, ok := w.myself()
+		if !ok {
 			continue
 		}
-		cl := n.client()
-		defer cl.Close()
-		info, err := cl.ClusterInfo(ctx).Result()
-		if err != nil {
-			return fmt.Sprintf("%s: CLUSTER INFO: %v", n.Addr, err)
-		}
-		if !strings.Contains(info, "cluster_state:ok") {
-			return n.Addr + " reports a cluster state other than ok"
-		}
-		slots, err := masters(ctx, cl)
-		if err != nil {
-			return fmt.Sprintf("%s: CLUSTER SHARDS: %v", n.Addr, err)
-		}
-		covered := 0
-		for _, s := range slots {
-			if !running[s.master] {
-				return fmt.Sprintf("%s names a master that is not running for slots %d-%d", n.Addr, s.start, s.end)
+		for _, v := range views {
+			if v.n == w.n {
+				continue
 			}
-			covered += int(s.end - s.start + 1)
-		}
-		if covered != 16384 {
-			return fmt.Sprintf("%s knows masters for %d of 16384 slots", n.Addr, covered)
-		}
-		repl, err := cl.Info(ctx, "replication").Result()
-		if err != nil {
-			return fmt.Sprintf("%s: INFO replication: %v", n.Addr, err)
-		}
-		if strings.Contains(repl, "role:slave") {
-			if !strings.Contains(repl, "master_link_status:up") {
-				return n.Addr + ": a replica not in sync with its master yet"
+			known := slices.ContainsFunc(v.nodes, func(l nodeLine) bool {
+				return l.id == me.id && l.addr == w.n.Addr && !l.is("handshake") && !l.is("noaddr")
+			})
+			if !known {
+				out = append(out, acquaintance{viewer: v, stranger: w})
 			}
-			synced++
 		}
 	}
-	if allRunning && synced < 3 {
-		return fmt.Sprintf("%d of 3 replicas in sync", synced)
+	return out
+}
+
+// myself is the node's own line in its CLUSTER NODES.
+func (v nodeView) myself() (nodeLine, bool) {
+	for _, l := range v.nodes {
+		if l.is("myself") {
+			return l, true
+		}
 	}
-	return ""
+	return nodeLine{}, false
+}
+
+func epoch(s string) uint64 {
+	e, _ := strconv.ParseUint(s, 10, 64)
+	return e
+}
+
+// overlap reports whether two lists of slot ranges share a slot.
+func overlap(a, b []string) bool {
+	for _, x := range ranges(a) {
+		for _, y := range ranges(b) {
+			if x[0] <= y[1] && y[0] <= x[1] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ranges reads slot ranges, "0-5460" or "42", as [start, end].
+func ranges(slots []string) [][2]int64 {
+	var out [][2]int64
+	for _, r := range slots {
+		lo, hi, found := strings.Cut(r, "-")
+		if !found {
+			hi = lo
+		}
+		start, err1 := strconv.ParseInt(lo, 10, 64)
+		end, err2 := strconv.ParseInt(hi, 10, 64)
+		if err1 == nil && err2 == nil {
+			out = append(out, [2]int64{start, end})
+		}
+	}
+	return out
 }
 
 // MasterOf is the node that is the master of key's slot now, as the
 // running nodes see it.
 func (c *Cluster) MasterOf(key string) *Private {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	for _, n := range c.Nodes {
 		if !n.Running() {
 			continue
 		}
-		cl := n.client()
-		defer cl.Close()
-		slot, err := cl.ClusterKeySlot(ctx, key).Result()
-		if err != nil {
+		v := view(n)
+		reply, err := command(n, "CLUSTER", "KEYSLOT", key)
+		slot, _ := strconv.ParseInt(reply, 10, 64)
+		if v.err != nil || err != nil {
 			continue
 		}
-		slots, err := masters(ctx, cl)
-		if err != nil {
-			continue
-		}
-		for _, s := range slots {
+		for _, s := range v.masters() {
 			if s.start <= slot && slot <= s.end {
 				for _, m := range c.Nodes {
 					if m.Addr == s.master {
@@ -305,25 +581,4 @@ func (c *Cluster) Server(t testing.TB) *Server {
 type slotMaster struct {
 	start, end int64
 	master     string
-}
-
-// masters is the slot ranges and their masters, as the node cl speaks to
-// sees them: a master it holds failed has no range.
-func masters(ctx context.Context, cl *redis.Client) ([]slotMaster, error) {
-	shards, err := cl.ClusterShards(ctx).Result()
-	if err != nil {
-		return nil, err
-	}
-	var out []slotMaster
-	for _, sh := range shards {
-		for _, n := range sh.Nodes {
-			if n.Role != "master" || n.Health != "online" {
-				continue
-			}
-			for _, r := range sh.Slots {
-				out = append(out, slotMaster{start: r.Start, end: r.End, master: net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))})
-			}
-		}
-	}
-	return out, nil
 }
