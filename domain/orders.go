@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -760,16 +761,12 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		}
 		results = append(results, r)
 	}
-	if len(left) > 0 {
-		// No longer PENDING, so they have no row in pending_order, unless
-		// a process of a version from before it paid or closed them (a
-		// rolling upgrade): the sweeper schedules such a row's close again
-		// and again, and the caps count it, so it goes here, where its
-		// order is locked, not only in the nightly RepairPendingRows.
-		if _, err := leavePending(tx, left).Exec(ctx); err != nil {
-			return nil, nil, err
-		}
-	}
+	// Orders no longer PENDING (left) have no row in pending_order, unless
+	// a process of a version from before it paid or closed them (a rolling
+	// upgrade): the sweeper schedules such a row's close again and again,
+	// and the caps count it, so it goes here, where its order is locked,
+	// not only in the nightly RepairPendingRows; with the closed orders'
+	// rows when some closed (writeClose), in no round trip of its own.
 	closing := make([]string, len(closed))
 	for i := range closed {
 		closing[i] = closed[i].OrderNo
@@ -781,6 +778,11 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		}
 	}
 	if len(closed) == 0 {
+		if len(left) > 0 {
+			if _, err := leavePending(tx, left).Exec(ctx); err != nil {
+				return nil, nil, err
+			}
+		}
 		sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })
 		return results, nil, nil
 	}
@@ -827,7 +829,7 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 		}
 		results = append(results, r)
 	}
-	if err := writeClose(ctx, tx, now, closing, toWithdraw, toRecycle, flows, events); err != nil {
+	if err := writeClose(ctx, tx, now, closing, left, toWithdraw, toRecycle, flows, events); err != nil {
 		return nil, nil, err
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].OrderNo < results[j].OrderNo })
@@ -978,12 +980,13 @@ func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([
 }
 
 // writeClose writes what a close batch changes besides its orders (closed,
-// the numbers of those it closed): their rows of pending_order deleted,
-// their cards withdrawn or recycled (by id, guarded, each count checked),
-// their journal entries and events; on PostgreSQL in one statement
-// (writeAll), in this order.
-func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed []string, toWithdraw, toRecycle []int64, flows []StockFlow, events []Event) error {
-	qs, want := []writeQuery{leavePending(tx, closed)}, []int{-1}
+// the numbers of those it closed): their rows of pending_order deleted
+// (and any of left, orders of the batch no longer PENDING), their cards
+// withdrawn or recycled (by id, guarded, each count checked), their
+// journal entries and events; on PostgreSQL in one statement (writeAll),
+// in this order.
+func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed, left []string, toWithdraw, toRecycle []int64, flows []StockFlow, events []Event) error {
+	qs, want := []writeQuery{leavePending(tx, append(slices.Clip(closed), left...))}, []int{-1}
 	for _, m := range []struct {
 		t   Transition
 		ids []int64

@@ -2,6 +2,7 @@ package domain_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -196,26 +197,44 @@ func TestNoOrdersIndexNamesWhatAPaymentOrCloseWrites(t *testing.T) {
 // TestCloseRemovesARowLeftForAnOrderNoLongerPending: a row of
 // pending_order whose order was paid by a process of an older version
 // (which knows nothing of the table) is scheduled by the sweeper again and
-// again; the close it schedules removes it.
+// again; the close it schedules removes it, alone or in a batch that
+// closes another order (whose row goes in the same delete).
 func TestCloseRemovesARowLeftForAnOrderNoLongerPending(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
 		b := setup(t, db, domain.Config{})
 		p := b.product(t, 100, 4)
-		paid, other := b.order(t, p, 1).Order, b.order(t, p, 1).Order
-		b.pay(t, paid, "T-1", "N-1")
-		stale := domain.PendingOrder{OrderNo: paid.OrderNo, ProductID: paid.ProductID, Quantity: paid.Quantity,
-			Contact: paid.Contact, ClientAddr: paid.ClientAddr, ExpiresAt: paid.ExpiresAt}
-		if _, err := db.NewInsert().Model(&stale).Exec(b.ctx); err != nil {
-			t.Fatal(err)
+		for i, withOther := range []bool{false, true} {
+			paid, other := b.order(t, p, 1).Order, b.order(t, p, 1).Order
+			b.pay(t, paid, fmt.Sprint("T-", i), fmt.Sprint("N-", i))
+			stale := domain.PendingOrder{OrderNo: paid.OrderNo, ProductID: paid.ProductID, Quantity: paid.Quantity,
+				Contact: paid.Contact, ClientAddr: paid.ClientAddr, ExpiresAt: paid.ExpiresAt}
+			if _, err := db.NewInsert().Model(&stale).Exec(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			nos := []string{paid.OrderNo}
+			if withOther {
+				nos = append(nos, other.OrderNo)
+			}
+			rs, err := b.ledger.CloseOrders(b.ctx, nos, domain.CloseCancel)
+			if err != nil || len(rs) != len(nos) || byNo(rs, paid.OrderNo).Outcome != domain.CloseSkipped {
+				t.Fatalf("close of a paid order: %+v, %v", rs, err)
+			}
+			if withOther && byNo(rs, other.OrderNo).Outcome != domain.Closed {
+				t.Fatalf("close of a PENDING order beside it: %+v", rs)
+			}
+			rows := pendingRows(t, db)
+			if _, ok := rows[paid.OrderNo]; ok {
+				t.Errorf("rows after the close: %v; %s's is still there", rows, paid.OrderNo)
+			}
+			if _, ok := rows[other.OrderNo]; ok == withOther {
+				t.Errorf("rows after the close: %v; %s's there: %v, want %v", rows, other.OrderNo, ok, !withOther)
+			}
+			b.mustAudit(t)
+			if !withOther {
+				if _, err := b.ledger.CloseOrders(b.ctx, []string{other.OrderNo}, domain.CloseCancel); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
-		rs, err := b.ledger.CloseOrders(b.ctx, []string{paid.OrderNo}, domain.CloseTimeout)
-		if err != nil || len(rs) != 1 || rs[0].Outcome != domain.CloseSkipped {
-			t.Fatalf("close of a paid order: %+v, %v", rs, err)
-		}
-		rows := pendingRows(t, db)
-		if _, ok := rows[paid.OrderNo]; ok || len(rows) != 1 {
-			t.Errorf("rows after the close: %v; want only %s's", rows, other.OrderNo)
-		}
-		b.mustAudit(t)
 	})
 }

@@ -26,6 +26,19 @@ func upTo(last string) *migrate.Migrations {
 	return ms
 }
 
+// migrateTo applies the registered migrations named at most last.
+func migrateTo(t *testing.T, db *bun.DB, last string) {
+	t.Helper()
+	ctx := context.Background()
+	before := migrate.NewMigrator(db, upTo(last))
+	if err := before.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := before.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestStockBatchesMigrationKeepsData applies the schema as it was before
 // batches, fills it the way a running shop would (cards in every status,
 // orders, the journal, ids with a gap at the top), then applies the batch
@@ -44,13 +57,7 @@ func TestStockBatchesMigrationKeepsData(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			before := migrate.NewMigrator(db, upTo("20261129000003_list_indexes"))
-			if err := before.Init(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := before.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
+			migrateTo(t, db, "20261129000003_list_indexes")
 			seed := seedOldShop(t, db)
 
 			if _, err := migrations.Migrate(ctx, db); err != nil {
