@@ -297,7 +297,8 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 
 	// The server.
-	var prof *profiler // with -profile
+	var prof *profiler   // with -profile
+	var pprofBase string // the started server's pprof listener, for its heap
 	var restart func(context.Context) (*serverProc, error)
 	var prefix string
 	base, adminToken, secret, pid := o.url, o.adminToken, o.sandboxSecret, o.pid
@@ -348,15 +349,18 @@ func run(ctx context.Context, o *options) (code int) {
 			"KAMI_MAX_WEBSOCKETS_PER_ADDRESS=0", // -subscriptions opens many from one address
 			"KAMI_LOG_LEVEL=warn",
 		}
+		// The pprof listener (loopback) is always on: the subscriptions'
+		// memory is read from the Go heap after a collection it runs.
+		paddr, err := freeLoopbackAddr()
+		if err != nil {
+			return fail("%v", err)
+		}
+		env = append(env, "KAMI_PPROF_ADDR="+paddr)
+		pprofBase = "http://" + paddr
 		if o.profileDir != "" {
-			paddr, err := freeLoopbackAddr()
-			if err != nil {
-				return fail("%v", err)
-			}
 			if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
 				return fail("-profile: %v", err)
 			}
-			env = append(env, "KAMI_PPROF_ADDR="+paddr)
 			prof = newProfiler(paddr, o.profileDir)
 			rep.Notes = append(rep.Notes, fmt.Sprintf("profiles in %s: go tool pprof -top -nodecount=15 %s %s", o.profileDir, bin,
 				filepath.Join(o.profileDir, "cpu-place.pprof")))
@@ -523,7 +527,7 @@ func run(ctx context.Context, o *options) (code int) {
 	// Subscriptions: on orders of their own, pending for an hour.
 	if srv != nil && ledger != nil && o.subscriptions > 0 && runCtx.Err() == nil {
 		progress("opening %d subscriptions", o.subscriptions)
-		sr, err := measureSubscriptions(runCtx, ledger, base, adminToken, runID+"-subs", o.subscriptions, o.concurrency, pid, prof)
+		sr, err := measureSubscriptions(runCtx, ledger, base, adminToken, runID+"-subs", o.subscriptions, o.concurrency, pid, pprofBase, prof)
 		if err != nil {
 			rep.Notes = append(rep.Notes, "subscriptions: "+err.Error())
 		}

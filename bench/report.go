@@ -419,6 +419,9 @@ func (r *Report) Write(w io.Writer) {
 	}
 	if s := r.Subscriptions; s != nil {
 		p("subscriptions   %d open on %d WebSockets: VmRSS %.1f → %.1f MiB, %.2f MiB per 1,000", s.Open, s.Connections, s.RSSBeforeMiB, s.RSSOpenMiB, s.MiBPerThousand)
+		if s.HeapOpenMiB > 0 {
+			p("                Go heap and stacks after a collection %.1f → %.1f MiB, %.2f MiB per 1,000", s.HeapBeforeMiB, s.HeapOpenMiB, s.HeapMiBPerThousand)
+		}
 	}
 	if d := r.Drain; d != nil {
 		p("drain  %d orders fell due while kami was stopped; restarted (ready in %.2fs)", d.Orders, d.StartSeconds)
