@@ -1117,7 +1117,13 @@ func leavePending(tx bun.IDB, nos []string) writeQuery {
 		return tx.NewRaw("DELETE p FROM orders AS o FORCE INDEX (?) STRAIGHT_JOIN pending_order AS p ON p.order_no = o.order_no"+
 			" WHERE o.order_no IN (?)", bun.Ident(nameIndexMySQL[[2]string{tableOrders, "order_no"}]), bun.List(nos))
 	}
-	return tx.NewDelete().Model((*PendingOrder)(nil)).Where("order_no IN (?)", bun.List(nos))
+	return deletePendingRows(tx, nos)
+}
+
+// deletePendingRows deletes the rows of pending_order of nos, found by
+// their own key.
+func deletePendingRows(db bun.IDB, nos []string) *bun.DeleteQuery {
+	return db.NewDelete().Model((*PendingOrder)(nil)).Where("order_no IN (?)", bun.List(nos))
 }
 
 // RepairPendingRows makes pending_order agree with the orders, as the
@@ -1143,7 +1149,7 @@ func (l *Ledger) RepairPendingRows(ctx context.Context) (added, removed int, err
 		// Rows of orders no longer PENDING, or of none, which no other
 		// transaction writes: read by a scan of the whole table, this may
 		// wait for a live order's row, but nothing waits for it.
-		if _, err := l.db.NewDelete().Model((*PendingOrder)(nil)).Where("order_no IN (?)", bun.List(stale)).Exec(ctx); err != nil {
+		if _, err := deletePendingRows(l.db, stale).Exec(ctx); err != nil {
 			return 0, 0, err
 		}
 	}

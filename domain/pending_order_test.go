@@ -30,6 +30,12 @@ func pendingRows(t testing.TB, db bun.IDB) map[string]domain.PendingOrder {
 	return out
 }
 
+// rowOf is the row pending_order holds for o while it is PENDING.
+func rowOf(o *domain.Order) domain.PendingOrder {
+	return domain.PendingOrder{OrderNo: o.OrderNo, ProductID: o.ProductID, Quantity: o.Quantity,
+		Contact: o.Contact, ClientAddr: o.ClientAddr, ExpiresAt: o.ExpiresAt}
+}
+
 // TestPendingRowsFollowTheOrders: an order has its row in pending_order
 // from the transaction that places it to the one that pays or closes it,
 // and the row says what the order does; the sweeper's pages and the audit
@@ -47,9 +53,9 @@ func TestPendingRowsFollowTheOrders(t *testing.T) {
 			t.Fatalf("%d rows for %d PENDING orders", len(rows), len(placed))
 		}
 		for _, o := range placed {
-			r := rows[o.OrderNo]
-			if r.ProductID != o.ProductID || r.Quantity != o.Quantity || r.Contact != o.Contact || r.ClientAddr != o.ClientAddr ||
-				!r.ExpiresAt.Equal(o.ExpiresAt) {
+			r, want := rows[o.OrderNo], rowOf(o)
+			if r.OrderNo != want.OrderNo || r.ProductID != want.ProductID || r.Quantity != want.Quantity || r.Contact != want.Contact ||
+				r.ClientAddr != want.ClientAddr || !r.ExpiresAt.Equal(want.ExpiresAt) {
 				t.Errorf("row %+v for order %+v", r, o)
 			}
 		}
@@ -91,8 +97,7 @@ func TestRepairPendingRows(t *testing.T) {
 		if _, err := db.NewDelete().Model((*domain.PendingOrder)(nil)).Where("order_no = ?", orphan.OrderNo).Exec(ctx); err != nil {
 			t.Fatal(err)
 		}
-		stale := domain.PendingOrder{OrderNo: paid.OrderNo, ProductID: paid.ProductID, Quantity: paid.Quantity,
-			Contact: paid.Contact, ClientAddr: paid.ClientAddr, ExpiresAt: paid.ExpiresAt}
+		stale := rowOf(paid)
 		if _, err := db.NewInsert().Model(&stale).Exec(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -206,8 +211,7 @@ func TestCloseRemovesARowLeftForAnOrderNoLongerPending(t *testing.T) {
 		for i, withOther := range []bool{false, true} {
 			paid, other := b.order(t, p, 1).Order, b.order(t, p, 1).Order
 			b.pay(t, paid, fmt.Sprint("T-", i), fmt.Sprint("N-", i))
-			stale := domain.PendingOrder{OrderNo: paid.OrderNo, ProductID: paid.ProductID, Quantity: paid.Quantity,
-				Contact: paid.Contact, ClientAddr: paid.ClientAddr, ExpiresAt: paid.ExpiresAt}
+			stale := rowOf(paid)
 			if _, err := db.NewInsert().Model(&stale).Exec(b.ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/migrations"
 )
 
@@ -39,25 +40,19 @@ func TestPendingOrderMigrationBesideAPlacement(t *testing.T) {
 		migrated <- err
 	}()
 	// The migration waits for a lock on orders the placement holds.
-	for deadline := time.Now().Add(time.Minute); ; {
-		var waiting int
-		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-			WHERE c.relname = 'orders' AND c.relnamespace = current_schema()::regnamespace AND NOT l.granted`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
+	domaintest.Eventually(t, time.Minute, "the migration waiting for the placement's lock on orders", func() bool {
 		select {
 		case err := <-migrated:
 			t.Fatalf("the migration ended (%v) while a placement held orders", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the migration never waited for the placement")
+		var waiting int
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+			WHERE c.relname = 'orders' AND c.relnamespace = current_schema()::regnamespace AND NOT l.granted`).Scan(&waiting); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return waiting > 0
+	})
 	if _, err := placement.ExecContext(ctx, "UPDATE orders SET status = status WHERE id = -1"); err != nil {
 		t.Fatalf("the placement's write: %v", err)
 	}
