@@ -100,10 +100,10 @@ func byIDs(ids []int64) rowsNamed {
 //
 // On PostgreSQL the rows are also found by name only, one index probe
 // each, and their status is tested on the rows as locked
-// (l.locked_status), never on the table scanned. A "status = LOCKED" (or,
-// while orders had such indexes, PENDING) on the table lets the planner
-// read an index of statuses instead (card_stock_batch,
-// card_stock_lockable), which the statistics say holds
+// (l.locked_status), never on the table scanned. While the tables had
+// indexes of statuses (before migrations 20261201000017 and
+// 20261201000018), a "status = LOCKED" or PENDING on the table let the
+// planner read one of those instead, which the statistics said held
 // a handful of such rows. It holds the live ones, a few hundred in a busy
 // shop, and an entry for every row that left the status since the last
 // vacuum, each a visit to the table: 20,000 rows read for a payment batch
@@ -157,7 +157,7 @@ func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra f
 // An IN list read on its name's index is read in that name's order.
 var nameIndexMySQL = map[[2]string]string{
 	{tableOrders, "order_no"}: "orders_order_no",
-	{tableCards, "order_no"}:  "card_stock_order",
+	{tableCards, "order_no"}:  "card_stock_by_order",
 	{tableOrders, "id"}:       "PRIMARY",
 	{tableCards, "id"}:        "PRIMARY",
 }

@@ -26,6 +26,8 @@ func (v Violation) String() string { return fmt.Sprintf("%s %s: %s", v.Rule, v.S
 //   - pending_card_count: a PENDING order holds exactly quantity LOCKED cards;
 //   - pending_row: an order is PENDING exactly when pending_order has its
 //     row, and the row says what the order does;
+//   - card_for_sale: a card is for sale (UNSOLD or RECYCLED) exactly when
+//     card_for_sale has its row, under its own product;
 //   - delivered_card_count: a delivered order has exactly quantity SOLD
 //     cards, and an order never delivered has none;
 //   - sold_without_delivery: every SOLD card belongs to a delivered order
@@ -44,7 +46,7 @@ func (l *Ledger) Audit(ctx context.Context) ([]Violation, error) {
 	err := snapshotTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 		out = nil
 		for _, check := range []func(context.Context, bun.IDB) ([]Violation, error){
-			auditLockedCards, auditPendingOrders, auditPendingRows, auditDeliveredOrders, auditSoldCards, auditRefunds, auditStockFlow,
+			auditLockedCards, auditPendingOrders, auditPendingRows, auditCardsForSale, auditDeliveredOrders, auditSoldCards, auditRefunds, auditStockFlow,
 			auditBatches, auditWithdrawn,
 		} {
 			vs, err := check(ctx, tx)
@@ -80,6 +82,19 @@ func auditLockedCards(ctx context.Context, db bun.IDB) ([]Violation, error) {
 	for _, r := range rows {
 		vs = append(vs, Violation{"locked_without_pending", fmt.Sprintf("card %d", r.ID),
 			fmt.Sprintf("LOCKED for order %q which is %q", r.OrderNo, r.Status)})
+	}
+	return vs, err
+}
+
+func auditCardsForSale(ctx context.Context, db bun.IDB) ([]Violation, error) {
+	missing, stale, err := cardsForSaleAstray(ctx, db, auditLimit)
+	var vs []Violation
+	for _, id := range missing {
+		vs = append(vs, Violation{"card_for_sale", fmt.Sprintf("card %d", id), "for sale without its row in card_for_sale"})
+	}
+	for _, r := range stale {
+		vs = append(vs, Violation{"card_for_sale", fmt.Sprintf("card %d", r.CardID),
+			fmt.Sprintf("a row in card_for_sale under product %d for a card that is not for sale (or not that product's)", r.ProductID)})
 	}
 	return vs, err
 }

@@ -197,6 +197,19 @@ func (l *Ledger) RecallBatch(ctx context.Context, batchID int64, reason, actor s
 		if n != 1 {
 			return Errorf(ECONFLICT, "batch %d was recalled at %s already", batchID, b.RecalledAt.Format(time.RFC3339))
 		}
+		// Off sale first, as a pick takes a card (see CardForSale): a pick
+		// holding one of the batch's rows is waited for, and its card is
+		// LOCKED by then, withdrawn when its order closes.
+		var onSale []int64
+		if err := tx.NewSelect().Table("card_stock").Column("id").Where("batch_id = ?", batchID).
+			Where("status IN (?)", bun.List(CardWithdraw.From)).Scan(ctx, &onSale); err != nil {
+			return err
+		}
+		if len(onSale) > 0 {
+			if _, err := takeOffSale(tx, b.ProductID, onSale).Exec(ctx); err != nil {
+				return err
+			}
+		}
 		withdrawn, err := apply(ctx, tx, CardWithdraw, now, whereBatch(batchID))
 		if err != nil {
 			return err

@@ -80,7 +80,7 @@ func (l *Ledger) closeOrderRowsPG(ctx context.Context, tx bun.Tx, nos []string, 
 }
 
 // lockedCardsPG is lockedCardsAndBatches in one statement. The cards are
-// found by one probe of the (order_no, status) index per order: asked as
+// found by one probe of the order_no index per order: asked as
 // "order_no IN (…500 numbers…)", PostgreSQL weighs 500 index probes
 // against one pass over card_stock and, while the table holds some tens
 // of thousands of cards, picks the pass, which compares every card with
@@ -91,10 +91,10 @@ func (l *Ledger) closeOrderRowsPG(ctx context.Context, tx bun.Tx, nos []string, 
 func lockedCardsPG(ctx context.Context, tx bun.Tx, orderNos []string) ([]lockedCard, error) {
 	var cards []lockedCard
 	err := tx.NewRaw(`WITH c AS MATERIALIZED (
-			SELECT c.id, c.order_no, c.batch_id FROM unnest(?::text[]) AS u(no)
-			CROSS JOIN LATERAL (SELECT id, order_no, batch_id FROM card_stock WHERE order_no = u.no AND status = ? OFFSET 0) AS c),
+			SELECT c.id, c.product_id, c.order_no, c.batch_id FROM unnest(?::text[]) AS u(no)
+			CROSS JOIN LATERAL (SELECT id, product_id, order_no, batch_id FROM card_stock WHERE order_no = u.no AND status = ? OFFSET 0) AS c),
 		b AS MATERIALIZED (SELECT id, status FROM card_batch WHERE id IN (SELECT batch_id FROM c) ORDER BY id FOR SHARE)
-		SELECT c.id, c.order_no, c.batch_id, b.status AS batch_status FROM c JOIN b ON b.id = c.batch_id`,
+		SELECT c.id, c.product_id, c.order_no, c.batch_id, b.status AS batch_status FROM c JOIN b ON b.id = c.batch_id`,
 		pgdialect.Array(orderNos), CardLocked).Scan(ctx, &cards)
 	return cards, err
 }

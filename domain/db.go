@@ -290,7 +290,7 @@ func shareLock(db bun.IDB) string {
 // the statement when there is none. On MySQL/MariaDB it reads them by the
 // primary key, each id a look-up: left to choose, MariaDB plans an IN list
 // that is a large share of a small table as a scan of the whole table or
-// of an index that covers the columns (card_stock_lockable holds every
+// of an index that covers the columns (card_stock_by_batch holds every
 // card's id), and a locking scan share-locks every row it passes and the
 // gaps between them (next-key locks): the cards of other products, which
 // then could not be placed, imported or paid while it waits

@@ -68,7 +68,9 @@ func (w insertWatcher) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) conte
 	return ctx
 }
 func (w insertWatcher) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
-	if ev.Err == nil && strings.HasPrefix(ev.Query, "INSERT INTO") && strings.Contains(ev.Query[:40], "card_stock") {
+	// "INSERT INTO card_stock" quoted as the dialect quotes; on PostgreSQL
+	// inside "WITH card AS (…)".
+	if _, into, ok := strings.Cut(ev.Query[:min(len(ev.Query), 60)], "INSERT INTO "); ev.Err == nil && ok && strings.Contains(into[:min(len(into), 12)], "card_stock") {
 		w.inserted()
 	}
 }

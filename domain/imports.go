@@ -388,8 +388,9 @@ func insertCards(ctx context.Context, tx bun.Tx, b *Batch, sealed [][]byte, hash
 		for i, e := range sealed {
 			encs[i] = hex.EncodeToString(e)
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO card_stock (product_id, batch_id, code_enc, code_hash, status, created_at, updated_at)
-			SELECT ?, ?, decode(t.enc, 'hex'), t.hash, ?, ?, ? FROM unnest(?::text[], ?::text[]) AS t(enc, hash)`,
+		_, err := tx.ExecContext(ctx, `WITH card AS (INSERT INTO card_stock (product_id, batch_id, code_enc, code_hash, status, created_at, updated_at)
+			SELECT ?, ?, decode(t.enc, 'hex'), t.hash, ?, ?, ? FROM unnest(?::text[], ?::text[]) AS t(enc, hash) RETURNING product_id, id)
+			INSERT INTO card_for_sale (product_id, card_id) SELECT product_id, id FROM card`,
 			b.ProductID, b.ID, CardUnsold, at, at, pgdialect.Array(encs), pgdialect.Array(hashes))
 		return err
 	}
@@ -397,7 +398,12 @@ func insertCards(ctx context.Context, tx bun.Tx, b *Batch, sealed [][]byte, hash
 	for i := range cards {
 		cards[i] = Card{ProductID: b.ProductID, BatchID: b.ID, CodeEnc: sealed[i], CodeHash: hashes[i], Status: CardUnsold, CreatedAt: at, UpdatedAt: at}
 	}
-	_, err := tx.NewInsert().Model(&cards).Returning("NULL").Exec(ctx)
+	if _, err := tx.NewInsert().Model(&cards).Returning("NULL").Exec(ctx); err != nil {
+		return err
+	}
+	// On sale: found again by their (product_id, code_hash) key.
+	_, err := tx.ExecContext(ctx, `INSERT INTO card_for_sale (product_id, card_id)
+		SELECT product_id, id FROM card_stock WHERE product_id = ? AND code_hash IN (?)`, b.ProductID, bun.List(hashes))
 	return err
 }
 

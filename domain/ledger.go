@@ -462,9 +462,19 @@ type StockCount struct {
 }
 
 // StockCounts returns the card counts of the given products (all products
-// when ids is empty), from the index on (product_id, status).
+// when ids is empty) by status: a read of each of their cards (status is
+// in no index of card_stock), for the admin's overview, the metrics and
+// the audit. SellableCounts is the cheap count of what is for sale.
 func (l *Ledger) StockCounts(ctx context.Context, ids ...int64) (map[int64]StockCount, error) {
 	return stockCounts(ctx, l.db, ids...)
+}
+
+// SellableCounts returns how many cards of each given product (all
+// products when ids is empty) are for sale: their rows of card_for_sale,
+// read from its key alone. It is what the storefront shows and what the
+// stock gate's counters are rebuilt from.
+func (l *Ledger) SellableCounts(ctx context.Context, ids ...int64) (map[int64]int, error) {
+	return sellableCounts(ctx, l.db, ids...)
 }
 
 func stockCounts(ctx context.Context, db bun.IDB, ids ...int64) (map[int64]StockCount, error) {

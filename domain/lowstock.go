@@ -41,9 +41,10 @@ func (l *Ledger) lowStockCrossed(ctx context.Context, ls LowStock) {
 }
 
 // sellableAtMost is the SQL for "the product has at most threshold
-// sellable cards", reading at most limit index entries (threshold+1).
-const sellableAtMost = `(SELECT COUNT(*) FROM (SELECT 1 FROM card_stock
-	WHERE product_id = ? AND status IN (?) LIMIT ?) AS s) <= low_stock_threshold`
+// sellable cards", reading at most limit entries (threshold+1) of
+// card_for_sale's key.
+const sellableAtMost = `(SELECT COUNT(*) FROM (SELECT 1 FROM card_for_sale
+	WHERE product_id = ? LIMIT ?) AS s) <= low_stock_threshold`
 
 // CheckStockFell raises the low-stock alert of each given product whose
 // sellable stock is now at or below its threshold and that has not
@@ -60,7 +61,7 @@ func (l *Ledger) CheckStockFell(ctx context.Context, products ...*Product) error
 			crossed = nil
 			res, err := tx.NewUpdate().Table("products").Set("low_stock_alerted = ?", true).
 				Where("id = ?", p.ID).Where("low_stock_threshold > 0").Where("low_stock_alerted = ?", false).
-				Where(sellableAtMost, p.ID, bun.List(CardLock.From), p.LowStockThreshold+1).Exec(ctx)
+				Where(sellableAtMost, p.ID, p.LowStockThreshold+1).Exec(ctx)
 			if err != nil {
 				return err
 			}
@@ -71,11 +72,11 @@ func (l *Ledger) CheckStockFell(ctx context.Context, products ...*Product) error
 			if err := tx.NewSelect().Model(&cur).Where("id = ?", p.ID).Scan(ctx); err != nil {
 				return err
 			}
-			counts, err := stockCounts(ctx, tx, p.ID)
+			counts, err := sellableCounts(ctx, tx, p.ID)
 			if err != nil {
 				return err
 			}
-			crossed = &LowStock{ProductID: p.ID, Name: cur.Name, Sellable: counts[p.ID].Lockable, Threshold: cur.LowStockThreshold}
+			crossed = &LowStock{ProductID: p.ID, Name: cur.Name, Sellable: counts[p.ID], Threshold: cur.LowStockThreshold}
 			return recordEvents(ctx, tx, l.now(), stockLowEvent(*crossed))
 		})
 		if err != nil {
@@ -103,7 +104,7 @@ func (l *Ledger) CheckStockRose(ctx context.Context, ids ...int64) error {
 		}
 		if _, err := l.db.NewUpdate().Table("products").Set("low_stock_alerted = ?", false).
 			Where("id = ?", id).Where("low_stock_alerted = ?", true).
-			Where("NOT ("+sellableAtMost+")", id, bun.List(CardLock.From), threshold+1).Exec(ctx); err != nil {
+			Where("NOT ("+sellableAtMost+")", id, threshold+1).Exec(ctx); err != nil {
 			return err
 		}
 	}

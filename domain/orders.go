@@ -352,15 +352,17 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		want[in.ProductID] += in.Quantity
 	}
 	cards := map[int][]int64{}
+	var (
+		offSale  []writeQuery // MySQL/MariaDB: the picked rows of card_for_sale, deleted with the writes
+		unpicked []CardForSale
+	)
 	for _, productID := range sortedKeys(want) {
-		// No ORDER BY: any lockable card will do, and without one the scan
-		// of the (product_id, status, id) index stops at the first free
-		// rows instead of sorting every lockable card of the product.
-		var free []int64
-		if err := forUpdateSkipLocked(tx.NewSelect().Table("card_stock").Column("id").
-			Where("product_id = ?", productID).Where("status IN (?)", bun.List(CardLock.From)).
-			Limit(int64(want[productID]))).Scan(ctx, &free); err != nil {
+		free, done, err := pickCards(ctx, tx, productID, want[productID])
+		if err != nil {
 			return nil, nil, err
+		}
+		if done != nil {
+			offSale = append(offSale, done)
 		}
 		for i, in := range open {
 			if in.ProductID != productID {
@@ -372,8 +374,19 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 			}
 			cards[i], free = free[:in.Quantity], free[in.Quantity:]
 		}
+		// Cards picked and left over (an order wanted more than were
+		// left) go back on sale.
+		for _, id := range free {
+			unpicked = append(unpicked, CardForSale{ProductID: productID, CardID: id})
+		}
+	}
+	if len(unpicked) > 0 {
+		offSale = append(offSale, putOnSale(tx, unpicked))
 	}
 	if len(cards) == 0 {
+		if _, err := writeAll(ctx, tx, offSale...); err != nil {
+			return nil, nil, err
+		}
 		return done()
 	}
 
@@ -415,11 +428,11 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	for i := range orders {
 		pending[i] = pendingOrderOf(&orders[i])
 	}
-	n, err := writeAll(ctx, tx,
+	n, err := writeAll(ctx, tx, append([]writeQuery{
 		tx.NewInsert().Model(&orders),
 		transition(tx, CardLock, now, whereIDs(cardIDs), []column{col(caseOrderNo, orderOf...), col("locked_at = ?", now)}),
 		flowInsert(tx, now, flows),
-		tx.NewInsert().Model(&pending))
+		tx.NewInsert().Model(&pending)}, offSale...)...)
 	if err != nil {
 		if isUniqueViolation(err) && !hasKey {
 			return nil, nil, errRetry // an order number drawn twice in one second: draw again
@@ -797,14 +810,15 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	}
 	// A recalled batch's cards are withdrawn, the others go back on sale.
 	recycledBy, withdrawnBy := map[string]int{}, map[string]int{}
-	var toRecycle, toWithdraw []int64
+	var toWithdraw []int64
+	var toRecycle []CardForSale
 	for _, c := range locked {
 		if c.BatchStatus == BatchRecalled {
 			withdrawnBy[c.OrderNo]++
 			toWithdraw = append(toWithdraw, c.ID)
 		} else {
 			recycledBy[c.OrderNo]++
-			toRecycle = append(toRecycle, c.ID)
+			toRecycle = append(toRecycle, CardForSale{ProductID: c.ProductID, CardID: c.ID})
 		}
 	}
 	var flows []StockFlow
@@ -931,6 +945,7 @@ func notClosed(ctx context.Context, tx bun.Tx, nos []string, closed []Order) (ot
 // its batch, read under a share lock (see lockedCardsAndBatches).
 type lockedCard struct {
 	ID          int64       `bun:"id"`
+	ProductID   int64       `bun:"product_id"`
 	OrderNo     string      `bun:"order_no"`
 	BatchID     int64       `bun:"batch_id"`
 	BatchStatus BatchStatus `bun:"batch_status"`
@@ -951,7 +966,7 @@ type lockedCard struct {
 // runs again. (PostgreSQL: lockedCardsPG, one statement.)
 func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([]lockedCard, error) {
 	var cards []lockedCard
-	if err := tx.NewSelect().Table("card_stock").Column("id", "order_no", "batch_id").
+	if err := tx.NewSelect().Table("card_stock").Column("id", "product_id", "order_no", "batch_id").
 		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", CardLocked).Scan(ctx, &cards); err != nil {
 		return nil, err
 	}
@@ -982,18 +997,25 @@ func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([
 // writeClose writes what a close batch changes besides its orders (closed,
 // the numbers of those it closed): their rows of pending_order deleted
 // (and any of left, orders of the batch no longer PENDING), their cards
-// withdrawn or recycled (by id, guarded, each count checked), their
-// journal entries and events; on PostgreSQL in one statement (writeAll),
-// in this order.
-func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed, left []string, toWithdraw, toRecycle []int64, flows []StockFlow, events []Event) error {
+// withdrawn or recycled (by id, guarded, each count checked) and the
+// recycled ones put back on sale (card_for_sale), their journal entries
+// and events; on PostgreSQL in one statement (writeAll), in this order.
+func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed, left []string, toWithdraw []int64, toRecycle []CardForSale, flows []StockFlow, events []Event) error {
 	qs, want := []writeQuery{leavePending(tx, append(slices.Clip(closed), left...))}, []int{-1}
+	recycle := make([]int64, len(toRecycle))
+	for i, c := range toRecycle {
+		recycle[i] = c.CardID
+	}
 	for _, m := range []struct {
 		t   Transition
 		ids []int64
-	}{{CardWithdrawLocked, toWithdraw}, {CardRecycle, toRecycle}} {
+	}{{CardWithdrawLocked, toWithdraw}, {CardRecycle, recycle}} {
 		if len(m.ids) > 0 {
 			qs, want = append(qs, transitionLocked(tx, m.t, now, byIDs(m.ids), nil, nil)), append(want, len(m.ids))
 		}
+	}
+	if len(toRecycle) > 0 {
+		qs, want = append(qs, putOnSale(tx, toRecycle)), append(want, -1)
 	}
 	if len(flows) > 0 {
 		qs, want = append(qs, flowInsert(tx, now, flows)), append(want, -1)

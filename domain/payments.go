@@ -422,14 +422,25 @@ func (l *Ledger) sellLocked(ctx context.Context, tx bun.Tx, o *Order, now time.T
 // deliverLate re-locks a closed order's own recycled cards and delivers
 // them, if every one of them is still free. It reports false (and changes
 // nothing) otherwise.
+//
+// The cards are taken off sale as a pick takes them: their rows of
+// card_for_sale are locked first (a pick holding one is waited for, and
+// then the row is gone), then the cards. Locking the cards first would
+// deadlock with a pick, which holds the row and then updates the card.
 func (l *Ledger) deliverLate(ctx context.Context, tx bun.Tx, o *Order, now time.Time, paidCols []column) (bool, error) {
 	var ids []int64
-	if err := forUpdate(tx.NewSelect().Table("card_stock").Column("id").
-		Where("order_no = ?", o.OrderNo).Where("status = ?", CardRecycled)).Scan(ctx, &ids); err != nil {
+	if err := tx.NewSelect().Table("card_stock").Column("id").
+		Where("order_no = ?", o.OrderNo).Where("status = ?", CardRecycled).OrderExpr("id").Scan(ctx, &ids); err != nil {
 		return false, err
 	}
 	if len(ids) != o.Quantity {
 		return false, nil
+	}
+	if held, err := lockForSale(ctx, tx, o.ProductID, ids); err != nil || len(held) != len(ids) {
+		return false, err
+	}
+	if _, err := takeOffSale(tx, o.ProductID, ids).Exec(ctx); err != nil {
+		return false, err
 	}
 	if n, err := apply(ctx, tx, CardLock, now, whereIDs(ids), col("locked_at = ?", now)); err != nil || n != int64(len(ids)) {
 		if err == nil {

@@ -69,10 +69,10 @@ func (h *stallHook) BeforeQuery(ctx context.Context, e *bun.QueryEvent) context.
 
 func (h *stallHook) AfterQuery(context.Context, *bun.QueryEvent) {}
 
-// isCardLock matches the placement's card lock (SELECT id FROM card_stock
-// ... LIMIT n).
+// isCardLock matches the placement's pick of cards (… FROM card_for_sale
+// AS f WHERE f.product_id … LIMIT n).
 func isCardLock(q string) bool {
-	return strings.HasPrefix(q, "SELECT") && strings.Contains(q, "card_stock") && strings.Contains(q, "LIMIT")
+	return strings.Contains(q, "FROM card_for_sale AS f WHERE f.product_id") && strings.Contains(q, "LIMIT")
 }
 
 // placeShop is a Shop over a ledger whose queries pass hook, with an

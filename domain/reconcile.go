@@ -137,6 +137,17 @@ func (r *Reconciler) run(ctx context.Context) (*ReconcileRun, error) {
 			Message: fmt.Sprintf("pending_order disagreed with the orders: added %d rows, removed %d", added, removed)})
 	}
 
+	// Cards the pick cannot see, or rows it skips (an older version
+	// during an upgrade).
+	added, removed, err = l.RepairCardsForSale(ctx)
+	if err != nil {
+		fail("cards for sale", err)
+	}
+	if added+removed > 0 {
+		r.alert(ctx, Alert{Kind: "cards_for_sale", Subject: "reconcile",
+			Message: fmt.Sprintf("card_for_sale disagreed with the cards: added %d rows, removed %d", added, removed)})
+	}
+
 	// Stragglers: overdue PENDING orders the queue never closed.
 	cutoff := run.StartedAt.Add(-stragglerAge)
 	var after PendingOrder

@@ -79,7 +79,7 @@ func (l *loader[K, V]) load(ctx context.Context, key K) (V, bool, error) {
 type loaders struct {
 	ledger   *domain.Ledger
 	products loader[int64, *domain.Product]
-	stock    loader[int64, domain.StockCount]
+	stock    loader[int64, int] // cards for sale
 	orders   loader[string, *domain.Order]
 	codes    loader[string, []string]
 	batches  loader[int64, *domain.Batch]
@@ -96,8 +96,8 @@ func (ls *loaders) init(l *domain.Ledger) {
 		}
 		return ps, err
 	})
-	ls.stock.init(ls, func(ctx context.Context, ls *loaders, ids []int64) (map[int64]domain.StockCount, error) {
-		return ls.ledger.StockCounts(ctx, ids...)
+	ls.stock.init(ls, func(ctx context.Context, ls *loaders, ids []int64) (map[int64]int, error) {
+		return ls.ledger.SellableCounts(ctx, ids...)
 	})
 	ls.orders.init(ls, func(ctx context.Context, ls *loaders, nos []string) (map[string]*domain.Order, error) {
 		os, err := ls.ledger.OrdersByNo(ctx, nos)

@@ -129,8 +129,8 @@ func (r *orderResolver) Cards(ctx context.Context, obj *model.Order) ([]string, 
 
 // Stock is the resolver for the stock field.
 func (r *productResolver) Stock(ctx context.Context, obj *domain.Product) (int, error) {
-	c, _, err := loadersOf(ctx).stock.load(ctx, obj.ID)
-	return c.Lockable, err
+	n, _, err := loadersOf(ctx).stock.load(ctx, obj.ID)
+	return n, err
 }
 
 // Products is the resolver for the products field.

@@ -50,17 +50,7 @@ var _ domain.StockGate = (*StockGate)(nil)
 
 // NewStockGate returns the gate over rdb, rebuilding counters from ledger.
 func NewStockGate(rdb redis.UniversalClient, keys Keys, ledger *domain.Ledger) *StockGate {
-	return newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
-		cs, err := ledger.StockCounts(ctx, ids...)
-		if err != nil {
-			return nil, err
-		}
-		out := make(map[int64]int, len(ids))
-		for _, id := range ids {
-			out[id] = cs[id].Lockable
-		}
-		return out, nil
-	})
+	return newStockGate(rdb, keys, ledger.SellableCounts)
 }
 
 func newStockGate(rdb redis.UniversalClient, keys Keys, count func(context.Context, ...int64) (map[int64]int, error)) *StockGate {
