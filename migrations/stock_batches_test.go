@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,6 +238,19 @@ func checkMigrated(t *testing.T, db *bun.DB, s *oldShop) {
 	if len(batches) != 2 || batches[0].Source != "LEGACY" || batches[0].ProductID != s.productA || batches[0].Imported != 4 ||
 		batches[1].ProductID != s.productB || batches[1].Imported != 1 {
 		t.Fatalf("legacy batches %+v, want one per product (4 and 1 cards)", batches)
+	}
+	// card_for_sale (20261201000018) holds exactly the cards for sale.
+	var forSale, onSale []string
+	if err := db.NewSelect().Table("card_for_sale").ColumnExpr("CONCAT(product_id, '/', card_id)").
+		OrderExpr("product_id, card_id").Scan(ctx, &forSale); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.NewSelect().Table("card_stock").ColumnExpr("CONCAT(product_id, '/', id)").Where("status IN ('UNSOLD', 'RECYCLED')").
+		OrderExpr("product_id, id").Scan(ctx, &onSale); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(forSale, onSale) || len(onSale) != 3 {
+		t.Fatalf("card_for_sale %v, cards for sale %v", forSale, onSale)
 	}
 	var orphans int
 	if err := db.NewSelect().TableExpr("card_stock AS c").ColumnExpr("COUNT(*)").

@@ -1,0 +1,219 @@
+package domain_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/uptrace/bun"
+
+	"kami/domain"
+	"kami/domain/dbtest"
+)
+
+// forSale reads card_for_sale's card ids of product, in order.
+func forSale(t testing.TB, db bun.IDB, productID int64) []int64 {
+	t.Helper()
+	var ids []int64
+	if err := db.NewSelect().Model((*domain.CardForSale)(nil)).Column("card_id").Where("product_id = ?", productID).
+		OrderExpr("card_id").Scan(context.Background(), &ids); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// cardsIn reads the ids of product's cards in one of statuses, in order.
+func cardsIn(t testing.TB, db bun.IDB, productID int64, statuses ...domain.CardStatus) []int64 {
+	t.Helper()
+	var ids []int64
+	if err := db.NewSelect().Table("card_stock").Column("id").Where("product_id = ?", productID).
+		Where("status IN (?)", bun.List(statuses)).OrderExpr("id").Scan(context.Background(), &ids); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// TestCardsForSaleFollowTheCards: a card has its row in card_for_sale
+// exactly while it is for sale (UNSOLD or RECYCLED), through an import, a
+// placement, a payment, a close, a late payment that takes its recycled
+// cards back, and a recall; the sellable counts read the rows.
+func TestCardsForSaleFollowTheCards(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{LatePayment: domain.LateDeliver})
+		p := b.product(t, 100, 10)
+		check := func(step string, sellable int) {
+			t.Helper()
+			rows, cards := forSale(t, db, p.ID), cardsIn(t, db, p.ID, domain.CardUnsold, domain.CardRecycled)
+			if !slices.Equal(rows, cards) || len(rows) != sellable {
+				t.Fatalf("after %s: card_for_sale %v, cards for sale %v; want %d", step, rows, cards, sellable)
+			}
+			counts, err := b.ledger.SellableCounts(b.ctx, p.ID)
+			if err != nil || counts[p.ID] != sellable {
+				t.Fatalf("after %s: sellable counts %v, %v; want %d", step, counts, err, sellable)
+			}
+			b.mustAudit(t)
+		}
+		check("the import", 10)
+		paid, closed := b.order(t, p, 2).Order, b.order(t, p, 3).Order
+		check("two placements", 5)
+		b.pay(t, paid, "T-1", "N-1")
+		check("a payment", 5)
+		if rs, err := b.ledger.CloseOrders(b.ctx, []string{closed.OrderNo}, domain.CloseCancel); err != nil || rs[0].Released != 3 {
+			t.Fatalf("close: %+v, %v", rs, err)
+		}
+		check("a close", 8)
+		if res := b.pay(t, closed, "T-2", "N-2"); res.Outcome != domain.PaymentLateDelivered {
+			t.Fatalf("late payment: %s, want %s", res.Outcome, domain.PaymentLateDelivered)
+		}
+		check("a late payment delivered", 5)
+		rec, err := b.ledger.RecallBatch(b.ctx, b.onlyBatch(t, p.ID), "supplier said so", "admin")
+		if err != nil || rec.Withdrawn != 5 {
+			t.Fatalf("recall: %+v, %v", rec, err)
+		}
+		check("a recall", 0)
+	})
+}
+
+// TestPickedCardsLeftOverGoBackOnSale: a placement batch whose order
+// wants more cards than are left takes the ones there are off sale while
+// it decides, and puts them back: the order is SOLD_OUT, and the cards
+// are still for sale to the next buyer.
+func TestPickedCardsLeftOverGoBackOnSale(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 2)
+		big := orderInput(p, "big@example.com")
+		big.Quantity = 3
+		placed, errs := b.ledger.PlaceBatchForTest(b.ctx, []domain.PlaceOrderInput{big})
+		if placed[0] != nil || domain.ErrorCode(errs[0]) != domain.ESOLDOUT {
+			t.Fatalf("3 of 2 cards: %v, %v; want SOLD_OUT", placed[0], errs[0])
+		}
+		if rows := forSale(t, db, p.ID); len(rows) != 2 {
+			t.Fatalf("card_for_sale after the refused order: %v; want both cards", rows)
+		}
+		b.mustAudit(t)
+		if o := b.order(t, p, 2); o.Order.Quantity != 2 {
+			t.Fatalf("the next buyer's order: %+v", o.Order)
+		}
+	})
+}
+
+// TestPickSkipsARowOfACardNotForSale: a row of card_for_sale left for a
+// card that is LOCKED (by a process of a version from before the table,
+// during an upgrade) is never picked: orders take the other cards
+// instead of failing on it again and again. The audit names the row and
+// the nightly repair removes it; a card for sale without its row is given
+// one.
+func TestPickSkipsARowOfACardNotForSale(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 4)
+		first := b.order(t, p, 1).Order
+		locked := cardsIn(t, db, p.ID, domain.CardLocked)
+		stale := []domain.CardForSale{{ProductID: p.ID, CardID: locked[0]}}
+		if _, err := db.NewInsert().Model(&stale).Exec(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		second := b.order(t, p, 2).Order
+		if got := b.cardStatuses(t, second.OrderNo); got[domain.CardLocked] != 2 {
+			t.Fatalf("the second order holds %v", got)
+		}
+		if got := b.cardStatuses(t, first.OrderNo); got[domain.CardLocked] != 1 {
+			t.Fatalf("the first order holds %v after the second took its cards", got)
+		}
+		// And a card for sale whose row is missing.
+		free := cardsIn(t, db, p.ID, domain.CardUnsold)
+		if len(free) != 1 {
+			t.Fatalf("cards left: %v", free)
+		}
+		if _, err := db.NewDelete().Model((*domain.CardForSale)(nil)).Where("card_id = ?", free[0]).Exec(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		vs, err := b.ledger.Audit(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		named := map[string]bool{}
+		for _, v := range vs {
+			if v.Rule == "card_for_sale" {
+				named[v.Subject] = true
+			}
+		}
+		if !named[fmt.Sprint("card ", locked[0])] || !named[fmt.Sprint("card ", free[0])] || len(vs) != 2 {
+			t.Errorf("audit: %v; want card_for_sale for cards %d and %d", vs, locked[0], free[0])
+		}
+		added, removed, err := b.ledger.RepairCardsForSale(b.ctx)
+		if err != nil || added != 1 || removed != 1 {
+			t.Fatalf("repair: added %d, removed %d, %v; want 1 and 1", added, removed, err)
+		}
+		b.mustAudit(t)
+		if rows := forSale(t, db, p.ID); !slices.Equal(rows, free) {
+			t.Fatalf("card_for_sale after the repair: %v, want %v", rows, free)
+		}
+		if added, removed, err := b.ledger.RepairCardsForSale(b.ctx); err != nil || added+removed != 0 {
+			t.Errorf("a second repair: added %d, removed %d, %v", added, removed, err)
+		}
+		b.order(t, p, 1)
+	})
+}
+
+// TestRaceLatePaymentAndPick: a late payment that takes its closed
+// order's recycled card back races a new order for the same card, the
+// product's only one: one of them gets it (the payment is delivered, or
+// it is refunded and the new order placed), never both and never
+// neither, and neither deadlocks: the late payment takes the card's row
+// of card_for_sale before the card, as a pick does.
+func TestRaceLatePaymentAndPick(t *testing.T) {
+	t.Parallel()
+	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{LatePayment: domain.LateDeliver})
+		outcomes := map[string]int{}
+		for i := range 40 {
+			p := b.product(t, 100, 1)
+			o := b.order(t, p, 1).Order
+			if rs, err := b.ledger.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseCancel); err != nil || rs[0].Released != 1 {
+				t.Fatalf("close: %+v, %v", rs, err)
+			}
+			var (
+				wg      sync.WaitGroup
+				res     *domain.PaymentResult
+				payErr  error
+				placed  *domain.PlacedOrder
+				placeEr error
+			)
+			start := make(chan struct{})
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, payErr = b.ledger.RecordPayment(b.ctx, domain.Payment{Provider: o.Provider, NotifyID: fmt.Sprint("N-", i), OrderNo: o.OrderNo,
+					TradeNo: fmt.Sprint("T-", i), AmountFen: o.AmountFen, PaidAt: b.clock.Now(), Raw: "{}"})
+			}()
+			go func() {
+				defer wg.Done()
+				<-start
+				placed, placeEr = b.ledger.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1, Contact: fmt.Sprint("r", i), Provider: "sandbox"})
+			}()
+			close(start)
+			wg.Wait()
+			if payErr != nil {
+				t.Fatalf("run %d: late payment: %v", i, payErr)
+			}
+			switch {
+			case res.Outcome == domain.PaymentLateDelivered && domain.ErrorCode(placeEr) == domain.ESOLDOUT:
+				outcomes["payment first"]++
+			case res.Outcome == domain.PaymentLateRefund && placeEr == nil && placed != nil:
+				outcomes["order first"]++
+			default:
+				t.Fatalf("run %d: payment %s, order %v, %v", i, res.Outcome, placed, placeEr)
+			}
+			if rows := forSale(t, db, p.ID); len(rows) != 0 {
+				t.Fatalf("run %d: card_for_sale %v after the card went", i, rows)
+			}
+		}
+		t.Logf("outcomes: %v", outcomes)
+		b.mustAudit(t)
+	})
+}
