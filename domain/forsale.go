@@ -83,11 +83,13 @@ func putOnSale(db bun.IDB, rows []CardForSale) *bun.InsertQuery {
 
 // lockForSale locks the rows of card_for_sale of ids, cards of product,
 // waiting for any another transaction holds, and returns the card ids of
-// those still there.
+// those still there. Ordered by the key and limited to the rows named, as
+// takeOffSale's DELETE on MariaDB, so that it reads only those.
 func lockForSale(ctx context.Context, tx bun.Tx, productID int64, ids []int64) ([]int64, error) {
 	var have []int64
 	err := forUpdate(tx.NewSelect().Model((*CardForSale)(nil)).Column("card_id").
-		Where("product_id = ?", productID).Where("card_id IN (?)", bun.List(ids)).OrderExpr("card_id")).Scan(ctx, &have)
+		Where("product_id = ?", productID).Where("card_id IN (?)", bun.List(ids)).
+		OrderExpr("card_id").Limit(int64(len(ids)))).Scan(ctx, &have)
 	return have, err
 }
 
