@@ -20,31 +20,35 @@ import (
 
 // The close floor: what the rows a close writes cost PostgreSQL by
 // themselves, on this machine, in the same run as the drain and pgbench.
-// A close of an unpaid order writes five rows: the order becomes CLOSED,
-// its card RECYCLED, a stock journal row and an event are inserted, and
-// its row of pending_order is deleted. The phase copies the five tables
-// (columns, defaults, checks, storage options such as the orders'
-// fillfactor 50, and the indexes of the variant) into scratch tables of
+// A close of an unpaid order writes six rows: the order becomes CLOSED,
+// its row of pending_order is deleted, its card becomes RECYCLED and goes
+// back on sale (a row of card_for_sale inserted), and a stock journal row
+// and an event are inserted. The phase copies the six tables (columns,
+// defaults, checks, storage options such as fillfactor 50 on the orders
+// and the cards, and the indexes of the variant) into scratch tables of
 // the bench's database, fills them with -close-floor PENDING orders, their
-// rows of pending_order and their LOCKED cards, and writes exactly those
-// rows per order from as many sessions as the machine has cores, 500
-// orders to a transaction, each order once: no look-up by order number, no
-// row lock before the update, no pre-close check, no kami. Four schemas:
+// rows of pending_order and their LOCKED cards (which have no row of
+// card_for_sale), and writes exactly those rows per order from as many
+// sessions as the machine has cores, 500 orders to a transaction, each
+// order once: no look-up by order number, no row lock before the update,
+// no pre-close check, no kami. Four schemas:
 //
 //   - kami's: every index the migrations gave the tables, and their
-//     storage options: status is in no index of orders (fillfactor 50),
-//     so the order's update can stay on its page (a HOT update, which
-//     writes no index entry), and which orders are PENDING is
-//     pending_order's rows;
-//   - kami's before 2026-12-02 (migration 20261201000017): no
-//     pending_order, the orders' indexes that named status back (and not
-//     the one it added), default fillfactor on orders, so that the
-//     order's update writes an entry in most of its indexes;
-//   - status in no index of cards too: the cards' indexes that name
-//     neither status nor, in their condition, status, with fillfactor 50
-//     on cards, so that the card's update can be HOT too;
-//   - primary keys only, fillfactor 50 on orders and cards: the least
-//     a close could cost.
+//     storage options: status is in no index of orders or cards
+//     (fillfactor 50 on both), so the order's and the card's updates can
+//     stay on their pages (HOT updates, which write no index entry);
+//     which orders are PENDING is pending_order's rows, which cards are
+//     for sale card_for_sale's;
+//   - kami's before 20261201000018: no card_for_sale, the cards' indexes
+//     that named status back (and not the two it added), default
+//     fillfactor on cards, so that the card's update writes an entry in
+//     each of their indexes;
+//   - kami's before 2026-12-02 (before 20261201000017 as well): no
+//     pending_order either, the orders' indexes that named status back
+//     (and not the one it added), default fillfactor on orders, so that
+//     the order's update writes an entry in each of theirs too;
+//   - primary keys only, with kami's tables and storage options: the
+//     least a close could cost.
 //
 // kami's drain over its floor is what kami's close path (the look-ups,
 // locks, pre-close check, fan-out and the process itself on the same
@@ -81,20 +85,27 @@ type FloorVariant struct {
 }
 
 // floorTables are the tables a close writes, and the scratch copy of each.
-var floorTables = [][2]string{{"orders", "floor_orders"}, {"card_stock", "floor_cards"}, {"stock_flow", "floor_flow"},
-	{"events", "floor_events"}, {"pending_order", "floor_pending"}}
+var floorTables = [][2]string{{"orders", "floor_orders"}, {"card_stock", "floor_cards"}, {"card_for_sale", "floor_for_sale"},
+	{"stock_flow", "floor_flow"}, {"events", "floor_events"}, {"pending_order", "floor_pending"}}
 
-// floorBefore is what migration 20261201000017 changed, which the variant
-// before it undoes on the scratch copies: the table it added, the orders'
-// index it added, the orders' indexes it dropped (PostgreSQL's: name and
-// what follows "ON orders"), and the orders' storage option it set.
-var floorBefore = struct {
-	table, added string
-	dropped      [][2]string
-	option       string
-}{
-	table: "pending_order",
-	added: "orders_contact_created",
+// floorMigration is what a migration changed, which a variant from before
+// it undoes on the scratch copies: the table it added, and on the table
+// it changed (on), the indexes it added, the ones it dropped
+// (PostgreSQL's: name and what follows "ON table") and the storage option
+// it set.
+type floorMigration struct {
+	version, table, on string
+	added              []string
+	dropped            [][2]string
+	option             string
+}
+
+// floorMigrations are the migrations a variant undoes, oldest first.
+var floorMigrations = []floorMigration{{
+	version: "20261201000017",
+	table:   "pending_order",
+	on:      "orders",
+	added:   []string{"orders_contact_created"},
 	dropped: [][2]string{
 		{"orders_status_created", "(status, created_at)"},
 		{"orders_contact_status", "(contact, status)"},
@@ -102,53 +113,78 @@ var floorBefore = struct {
 		{"orders_pending_addr", "(client_addr) WHERE status = 'PENDING'"},
 	},
 	option: "fillfactor",
-}
+}, {
+	version: "20261201000018",
+	table:   "card_for_sale",
+	on:      "card_stock",
+	added:   []string{"card_stock_by_order", "card_stock_by_batch"},
+	dropped: [][2]string{
+		{"card_stock_lockable", "(product_id, status, id)"},
+		{"card_stock_order", "(order_no, status)"},
+		{"card_stock_batch", "(batch_id, status, id)"},
+	},
+	option: "fillfactor",
+}}
 
 type floorVariant struct {
 	name string
-	// statusFree are the tables (kami's names) whose indexes that name
-	// status are left out, with fillfactor 50, so that an update that
-	// changes no indexed column can stay on its page.
-	statusFree  []string
+	// before is the first of floorMigrations the variant undoes, with
+	// every later one; empty: none.
+	before      string
 	primaryOnly bool
-	// before is kami's schema before migration 20261201000017
-	// (floorBefore): no pending_order, status in the orders' indexes.
-	before bool
+}
+
+// undone are the migrations the variant undoes.
+func (v floorVariant) undone() []floorMigration {
+	var ms []floorMigration
+	for _, m := range floorMigrations {
+		if v.before != "" && m.version >= v.before {
+			ms = append(ms, m)
+		}
+	}
+	return ms
 }
 
 // has reports whether the variant has a copy of kami's table.
 func (v floorVariant) has(table string) bool {
-	return !v.before || table != floorBefore.table
+	return !slices.ContainsFunc(v.undone(), func(m floorMigration) bool { return m.table == table })
 }
 
 // keeps reports whether the variant keeps the index name of kami's table.
-func (v floorVariant) keeps(table, name string, primary, namesStatus bool) bool {
+func (v floorVariant) keeps(table, name string, primary bool) bool {
 	switch {
 	case primary:
 		return true
 	case v.primaryOnly:
 		return false
-	case v.before && table == "orders" && name == floorBefore.added:
-		return false
 	}
-	return !namesStatus || !slices.Contains(v.statusFree, table)
+	return !slices.ContainsFunc(v.undone(), func(m floorMigration) bool { return m.on == table && slices.Contains(m.added, name) })
+}
+
+// restored are the definitions (name and what follows "ON table") of the
+// indexes of kami's table that the variant puts back.
+func (v floorVariant) restored(table string) [][2]string {
+	var ds [][2]string
+	for _, m := range v.undone() {
+		if m.on == table {
+			ds = append(ds, m.dropped...)
+		}
+	}
+	return ds
 }
 
 // with is the storage clause of the scratch copy of kami's table, whose
 // storage options (pg_class.reloptions, which CREATE TABLE … LIKE does
-// not copy) are opts: kami's, but fillfactor 50 on a statusFree table,
-// and before migration 20261201000017 the orders' without the option it
-// set.
+// not copy) are opts: kami's, without those the undone migrations set.
 func (v floorVariant) with(table string, opts [][2]string) string {
 	set := map[string]string{}
 	for _, o := range opts {
 		set[o[0]] = o[1]
 	}
-	if v.before && table == "orders" {
-		delete(set, floorBefore.option)
-	}
-	if slices.Contains(v.statusFree, table) {
-		set["fillfactor"] = "50"
+	for _, m := range v.undone() {
+		if m.on == table {
+			delete(set, m.option)
+		}
 	}
 	if len(set) == 0 {
 		return ""
@@ -160,15 +196,14 @@ func (v floorVariant) with(table string, opts [][2]string) string {
 	return " WITH (" + strings.Join(kv, ", ") + ")"
 }
 
-// The schemas measured: kami's, kami's before the pending_order table
-// (the gain of that change), the cards' status moved out of their indexes
-// as well (what the same change for the cards would bring at most), and
-// no index but the primary keys.
+// The schemas measured: kami's, kami's before the card_for_sale table
+// (the gain of that change), before the pending_order table as well (the
+// gain of both), and no index but the primary keys.
 var floorVariants = []floorVariant{
 	{name: "kami's indexes"},
-	{name: "kami's before 2026-12-02", before: true},
-	{name: "status in no index of cards too", statusFree: []string{"card_stock"}},
-	{name: "primary keys only", primaryOnly: true, statusFree: []string{"orders", "card_stock"}},
+	{name: "kami's before 20261201000018", before: "20261201000018"},
+	{name: "kami's before 2026-12-02", before: "20261201000017"},
+	{name: "primary keys only", primaryOnly: true},
 }
 
 // floorBatch is a close batch's size in kami (Shop.CloseOrders).
@@ -294,13 +329,10 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 			return err
 		}
 		var idx []struct {
-			Def         string `bun:"def"`
-			Primary     bool   `bun:"primary"`
-			NamesStatus bool   `bun:"names_status"`
+			Def     string `bun:"def"`
+			Primary bool   `bun:"primary"`
 		}
-		if err := db.NewRaw(`SELECT pg_get_indexdef(i.indexrelid) AS def, i.indisprimary AS primary,
-				coalesce((SELECT bool_or(a.attname = 'status') FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)), false)
-				OR coalesce(pg_get_expr(i.indpred, i.indrelid) LIKE '%status%', false) AS names_status
+		if err := db.NewRaw(`SELECT pg_get_indexdef(i.indexrelid) AS def, i.indisprimary AS primary
 			FROM pg_index i WHERE i.indrelid = ?::regclass ORDER BY i.indexrelid`, t[0]).Scan(ctx, &idx); err != nil {
 			return err
 		}
@@ -310,14 +342,12 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 			if m == nil {
 				return fmt.Errorf("unexpected index definition %q", ix.Def)
 			}
-			if v.keeps(t[0], ix.Def[m[4]:m[5]], ix.Primary, ix.NamesStatus) {
+			if v.keeps(t[0], ix.Def[m[4]:m[5]], ix.Primary) {
 				defs = append(defs, ix.Def[:m[4]]+"floor_"+ix.Def[m[4]:m[5]]+" ON "+t[1]+ix.Def[m[7]:])
 			}
 		}
-		if v.before && t[0] == "orders" {
-			for _, d := range floorBefore.dropped {
-				defs = append(defs, "CREATE INDEX floor_"+d[0]+" ON "+t[1]+" "+d[1])
-			}
+		for _, d := range v.restored(t[0]) {
+			defs = append(defs, "CREATE INDEX floor_"+d[0]+" ON "+t[1]+" "+d[1])
 		}
 		for _, def := range defs {
 			if _, err := db.ExecContext(ctx, def); err != nil {
@@ -327,7 +357,7 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 		}
 	}
 	// n PENDING orders, their rows of pending_order, and a LOCKED card
-	// each, as a drain finds them.
+	// each (not for sale: no row of card_for_sale), as a drain finds them.
 	fill := []string{
 		fmt.Sprintf(`INSERT INTO floor_orders (id, order_no, product_id, quantity, unit_price_fen, amount_fen, contact, client_addr,
 			provider, status, access_token_hash, paid_fen, expires_at, created_at, updated_at)
@@ -340,7 +370,7 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 		FROM generate_series(1, %d) g`, n),
 		"VACUUM ANALYZE floor_orders", "VACUUM ANALYZE floor_cards",
 	}
-	if v.has(floorBefore.table) {
+	if v.has("pending_order") {
 		fill = append(fill, `INSERT INTO floor_pending (order_no, product_id, quantity, contact, client_addr, expires_at)
 			SELECT order_no, product_id, quantity, contact, client_addr, expires_at FROM floor_orders`, "VACUUM ANALYZE floor_pending")
 	}
@@ -351,7 +381,7 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 	}
 	var hot, upd atomic.Int64
 	if err := closeInSessions(probe, n, sessions, out, func(lo, hi int) error {
-		h, u, err := floorClose(ctx, db, lo+1, hi, v.has(floorBefore.table))
+		h, u, err := floorClose(ctx, db, lo+1, hi, v.has("pending_order"), v.has("card_for_sale"))
 		hot.Add(h)
 		upd.Add(u)
 		return err
@@ -366,20 +396,25 @@ func floorRun(ctx context.Context, db *bun.DB, probe cpuProbe, v floorVariant, n
 
 // floorClose writes the rows of each order a to b in one transaction: the
 // order CLOSED, its row of pending_order deleted (when pending, the
-// variant has the table), its card RECYCLED, a journal row and an event
-// (with a payload of the size kami writes), in kami's order. It returns
-// how many of the transaction's order and card updates were HOT, and how
-// many there were (the transaction's own statistics, read before its
-// COMMIT).
-func floorClose(ctx context.Context, db *bun.DB, a, b int, pending bool) (hot, upd int64, err error) {
+// variant has the table), its card RECYCLED and its row of card_for_sale
+// inserted (when forSale, the variant has that table), a journal row and
+// an event (with a payload of the size kami writes), in kami's order.
+// It returns how many of the transaction's order and card updates were
+// HOT, and how many there were (the transaction's own statistics, read
+// before its COMMIT).
+func floorClose(ctx context.Context, db *bun.DB, a, b int, pending, forSale bool) (hot, upd int64, err error) {
 	qs := []string{`UPDATE floor_orders SET status = 'CLOSED', updated_at = now(), closed_at = now() WHERE id BETWEEN ? AND ? AND status = 'PENDING'`}
 	if pending {
 		// The order numbers are zero-padded to one length: their range is
 		// the orders a to b.
 		qs = append(qs, `DELETE FROM floor_pending WHERE order_no BETWEEN ('2612' || lpad(?::bigint::text, 16, '0')) AND ('2612' || lpad(?::bigint::text, 16, '0'))`)
 	}
+	qs = append(qs, `UPDATE floor_cards SET status = 'RECYCLED', updated_at = now() WHERE id BETWEEN ? AND ? AND status = 'LOCKED'`)
+	if forSale {
+		// Card g is order g's.
+		qs = append(qs, `INSERT INTO floor_for_sale (product_id, card_id) SELECT 1, g FROM generate_series(?::bigint, ?::bigint) g`)
+	}
 	qs = append(qs,
-		`UPDATE floor_cards SET status = 'RECYCLED', updated_at = now() WHERE id BETWEEN ? AND ? AND status = 'LOCKED'`,
 		`INSERT INTO floor_flow (product_id, order_no, change_type, quantity, created_at)
 			SELECT 1, '2612' || lpad(g::text, 16, '0'), 3, 1, now() FROM generate_series(?::bigint, ?::bigint) g`,
 		`INSERT INTO floor_events (type, subject, occurred_at, payload, fanned_out)

@@ -60,13 +60,14 @@
 //
 //  6. Close floor (-close-floor closes per schema, when the tool makes
 //     the database; see floor.go): with kami stopped, the rows a close
-//     writes (order CLOSED, its pending_order row deleted, card RECYCLED,
-//     a journal row, an event), 500 orders to a transaction, on scratch
-//     copies of the five tables with kami's indexes and storage options,
-//     with kami's before 2026-12-02 (status in the orders' indexes, no
-//     pending_order), with no index of the cards that names status either
-//     (HOT updates of both), and with primary keys only; then kami's own
-//     close transaction (Ledger.CloseOrders) on as many orders placed
+//     writes (order CLOSED, its pending_order row deleted, card RECYCLED
+//     and its card_for_sale row inserted, a journal row, an event), 500
+//     orders to a transaction, on scratch copies of the six tables with
+//     kami's indexes and storage options, with kami's before
+//     20261201000018 (status in the cards' indexes, no card_for_sale),
+//     with kami's before 2026-12-02 (status in the orders' indexes too,
+//     no pending_order either), and with primary keys only; then kami's
+//     own close transaction (Ledger.CloseOrders) on as many orders placed
 //     directly. Reported: closes/s, HOT updates and PostgreSQL's CPU per
 //     close for each, and the drain against them.
 //

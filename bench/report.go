@@ -439,7 +439,8 @@ func (r *Report) Write(w io.Writer) {
 		p("%s", line)
 	}
 	if f := r.Floor; f != nil {
-		p("close floor  a close's own rows (order CLOSED, its pending_order row deleted, card RECYCLED, a journal row, an event)")
+		p("close floor  a close's own rows (order CLOSED, its pending_order row deleted, card RECYCLED and its card_for_sale row inserted,")
+		p("             a journal row, an event)")
 		p("             on scratch copies of kami's tables, %d orders to a transaction, %d sessions, %d closes per schema;", floorBatch, f.Sessions, f.Closes)
 		p("             no look-up, lock, check or kami")
 		for _, v := range f.Variants {
