@@ -14,7 +14,8 @@ import (
 // seedPending writes, with bulk INSERTs and not through PlaceOrder, a
 // product with n+free cards (one batch) and n PENDING orders of one card
 // each, order i expiring at due(i): exactly what n PlaceOrder calls would
-// leave, journal included, so the audit stays clean. It returns the product id and the
+// leave, journal, pending_order and card_for_sale included, so the audit
+// stays clean. It returns the product id and the
 // order numbers.
 func seedPending(ctx context.Context, db *bun.DB, sealer *domain.Sealer, n, free int, due func(i int) time.Time) (int64, []string, error) {
 	now := time.Now().UTC().Truncate(time.Microsecond)
@@ -71,6 +72,11 @@ func seedPending(ctx context.Context, db *bun.DB, sealer *domain.Sealer, n, free
 					return err
 				}
 			}
+		}
+		// The free cards are for sale: their rows of card_for_sale.
+		if _, err := tx.NewRaw("INSERT INTO card_for_sale (product_id, card_id) SELECT product_id, id FROM card_stock WHERE product_id = ? AND status = ?",
+			p.ID, domain.CardUnsold).Exec(ctx); err != nil {
+			return err
 		}
 		imp := domain.StockFlow{ProductID: p.ID, ChangeType: domain.FlowImport, Quantity: n + free, CreatedAt: now}
 		_, err := tx.NewInsert().Model(&imp).Exec(ctx)
