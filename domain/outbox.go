@@ -70,6 +70,16 @@ func recordEvents(ctx context.Context, tx bun.IDB, now time.Time, evs ...Event) 
 	return err
 }
 
+// bornFannedOut is an event's fanned_out as it is written: true when no
+// webhook endpoint is enabled, read by the INSERT itself. The dispatcher
+// would find no endpoint to make a delivery for, and would only mark the
+// event fanned out: an UPDATE of every event (a new row version, with
+// entries in the events' indexes), a tenth of a close's work in the
+// database, in a shop that has no webhooks. An endpoint receives the
+// events written after it was enabled (those whose INSERT saw it
+// committed); one enabled while an INSERT runs may miss that one's.
+const bornFannedOut = "NOT EXISTS (SELECT 1 FROM webhook_endpoint WHERE deleted_at IS NULL AND enabled = TRUE)"
+
 // eventsInsert is recordEvents' INSERT of at least one event, built and
 // not run: the payment batch sends it with its other writes (writeAll).
 func eventsInsert(tx bun.IDB, now time.Time, evs []Event) writeQuery {
@@ -86,12 +96,12 @@ func eventsInsert(tx bun.IDB, now time.Time, evs []Event) writeQuery {
 			types[i], subjects[i], payloads[i] = string(e.Type), e.Subject, e.Payload
 		}
 		return tx.NewRaw(`INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
-			SELECT t.type, t.subject, ?, t.payload, FALSE
+			SELECT t.type, t.subject, ?, t.payload, `+bornFannedOut+`
 			FROM unnest(?::text[], ?::text[], ?::text[]) WITH ORDINALITY AS t(type, subject, payload, n) ORDER BY t.n
 			RETURNING 1`,
 			now, pgdialect.Array(types), pgdialect.Array(subjects), pgdialect.Array(payloads))
 	}
-	return tx.NewInsert().Model(&evs).Returning("NULL")
+	return tx.NewInsert().Model(&evs).Value("fanned_out", bornFannedOut).Returning("NULL")
 }
 
 // newEvent builds an event about subject with object as its payload.

@@ -31,6 +31,7 @@ func TestOutboxEvents(t *testing.T) {
 	t.Parallel()
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
 		b := setup(t, db, domain.Config{RefundBackoff: []time.Duration{time.Minute}})
+		b.endpoint(t, b.hooks(domain.WebhookConfig{}), "http://127.0.0.1:1/hook", false, domain.EventOrderPaid) // the events wait for the dispatcher
 		p := b.product(t, 1250, 5)
 
 		paid := b.order(t, p, 2).Order
@@ -99,5 +100,60 @@ func TestOutboxEvents(t *testing.T) {
 			!strings.Contains(evs[0].Payload, `"stock":3`) || !strings.Contains(evs[0].Payload, `"lowStockThreshold":3`) {
 			t.Fatalf("stock.low events: %+v", evs)
 		}
+	})
+}
+
+// TestEventsBornFannedOutWithoutEndpoints: while no webhook endpoint is
+// enabled, an event is written fanned out already, and the dispatcher has
+// nothing to mark; once one is, events wait for the dispatcher, which
+// makes the endpoint's deliveries; a disabled or deleted endpoint counts
+// as none.
+func TestEventsBornFannedOutWithoutEndpoints(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		h := b.hooks(domain.WebhookConfig{})
+		p := b.product(t, 100, 10)
+		closeOne := func(step string, wantFannedOut bool) {
+			t.Helper()
+			for _, batch := range [][]string{{b.order(t, p, 1).Order.OrderNo}, {b.order(t, p, 1).Order.OrderNo, b.order(t, p, 1).Order.OrderNo}} {
+				if _, err := b.ledger.CloseOrders(b.ctx, batch, domain.CloseCancel); err != nil {
+					t.Fatal(err)
+				}
+				for _, no := range batch {
+					var fanned bool
+					if err := db.NewSelect().Model((*domain.Event)(nil)).Column("fanned_out").Where("subject = ?", no).Scan(b.ctx, &fanned); err != nil {
+						t.Fatal(err)
+					}
+					if fanned != wantFannedOut {
+						t.Errorf("%s: order %s's order.closed written fanned out: %v, want %v", step, no, fanned, wantFannedOut)
+					}
+				}
+			}
+		}
+		closeOne("no endpoint", true)
+		if ds, taken, err := h.FanOut(b.ctx, 100); err != nil || taken != 0 || len(ds) != 0 {
+			t.Fatalf("fan-out with no endpoint: %v, %d taken, %v", ds, taken, err)
+		}
+		e, _ := b.endpoint(t, h, "http://127.0.0.1:1/hook", false, domain.EventOrderClosed)
+		closeOne("an enabled endpoint", false)
+		if ds := fanOut(t, b, h); len(ds) != 3 {
+			t.Fatalf("fan-out with an enabled endpoint: %d deliveries, want 3", len(ds))
+		}
+		off := false
+		if _, err := h.UpdateEndpoint(b.ctx, e.ID, domain.WebhookEndpointInput{Enabled: &off}, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		closeOne("a disabled endpoint", true)
+		on := true
+		if _, err := h.UpdateEndpoint(b.ctx, e.ID, domain.WebhookEndpointInput{Enabled: &on}, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		closeOne("the endpoint enabled again", false)
+		fanOut(t, b, h)
+		if _, err := h.DeleteEndpoint(b.ctx, e.ID, "admin"); err != nil {
+			t.Fatal(err)
+		}
+		closeOne("a deleted endpoint", true)
 	})
 }
