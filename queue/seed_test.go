@@ -72,6 +72,11 @@ func seedPending(ctx context.Context, db *bun.DB, sealer *domain.Sealer, n, free
 				}
 			}
 		}
+		// The free cards on sale, as an import puts them.
+		if _, err := tx.ExecContext(ctx, "INSERT INTO card_for_sale (product_id, card_id) SELECT product_id, id FROM card_stock WHERE product_id = ? AND status = ?",
+			p.ID, domain.CardUnsold); err != nil {
+			return err
+		}
 		imp := domain.StockFlow{ProductID: p.ID, ChangeType: domain.FlowImport, Quantity: n + free, CreatedAt: now}
 		_, err := tx.NewInsert().Model(&imp).Exec(ctx)
 		return err
