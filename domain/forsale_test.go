@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/uptrace/bun"
@@ -308,24 +307,6 @@ func lockWaits(t *testing.T, db *bun.DB, table string, pg int) bool {
 	return false
 }
 
-// pauseHook stops the first query that match accepts, once armed, until
-// release is closed; reached is closed when it stops.
-type pauseHook struct {
-	armed            atomic.Bool
-	match            func(q string) bool
-	reached, release chan struct{}
-}
-
-func (h *pauseHook) BeforeQuery(ctx context.Context, e *bun.QueryEvent) context.Context {
-	if h.match(e.Query) && h.armed.CompareAndSwap(true, false) {
-		close(h.reached)
-		<-h.release
-	}
-	return ctx
-}
-
-func (h *pauseHook) AfterQuery(context.Context, *bun.QueryEvent) {}
-
 // TestLatePaymentWhileItsCardIsSoldAndRecycledAgain: a late payment reads
 // its closed order's recycled card, and before it locks the card's row
 // another order picks the card and is closed, recycling it again: the
@@ -336,10 +317,9 @@ func TestLatePaymentWhileItsCardIsSoldAndRecycledAgain(t *testing.T) {
 	t.Parallel()
 	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
 		// The late payment's lock of its card's row.
-		hook := &pauseHook{reached: make(chan struct{}), release: make(chan struct{}),
-			match: func(q string) bool {
-				return strings.Contains(q, "card_for_sale") && strings.Contains(q, "FOR UPDATE") && !strings.Contains(q, "SKIP LOCKED")
-			}}
+		hook := newStallHook(func(q string) bool {
+			return strings.Contains(q, "card_for_sale") && strings.Contains(q, "FOR UPDATE") && !strings.Contains(q, "SKIP LOCKED")
+		})
 		db = db.WithQueryHook(hook)
 		b := setup(t, db, domain.Config{LatePayment: domain.LateDeliver})
 		p := b.product(t, 100, 1)
@@ -358,7 +338,7 @@ func TestLatePaymentWhileItsCardIsSoldAndRecycledAgain(t *testing.T) {
 				TradeNo: "T-1", AmountFen: first.AmountFen, PaidAt: b.clock.Now(), Raw: "{}"})
 			paid <- payAnswer{res, err}
 		}()
-		receive(t, "the late payment at its card's row", hook.reached)
+		receive(t, "the late payment at its card's row", hook.entered)
 		second := b.order(t, p, 1).Order
 		if rs, err := b.ledger.CloseOrders(b.ctx, []string{second.OrderNo}, domain.CloseCancel); err != nil || rs[0].Released != 1 {
 			t.Fatalf("close of the second order: %+v, %v", rs, err)
