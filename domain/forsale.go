@@ -173,9 +173,22 @@ func (l *Ledger) RepairCardsForSale(ctx context.Context) (added, removed int, er
 		put := false
 		err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 			put = false
+			// Its batch first, share-locked as a close reads it: a recall
+			// (which updates the batch, then takes its cards off sale)
+			// either went first, and the card is withdrawn, or waits and
+			// then finds the row.
+			var batchIDs []int64
+			if err := tx.NewSelect().Table("card_stock").Column("batch_id").Where("id = ?", id).Scan(ctx, &batchIDs); err != nil || len(batchIDs) == 0 {
+				return err
+			}
+			var batches []Batch
+			if err := shareLockIDs(tx, tableBatches, batchIDs, "id", "status").Scan(ctx, &batches); err != nil ||
+				len(batches) == 0 || batches[0].Status != BatchActive {
+				return err
+			}
 			var cards []Card
 			if err := forUpdate(tx.NewSelect().Model(&cards).Column("id", "product_id").Where("id = ?", id).
-				Where("status IN (?)", bun.List(CardLock.From))).Scan(ctx); err != nil || len(cards) == 0 {
+				Where("batch_id = ?", batchIDs[0]).Where("status IN (?)", bun.List(CardLock.From))).Scan(ctx); err != nil || len(cards) == 0 {
 				return err
 			}
 			res, err := putOnSale(tx, []CardForSale{{ProductID: cards[0].ProductID, CardID: id}}).Exec(ctx)

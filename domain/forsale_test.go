@@ -354,3 +354,54 @@ func TestLatePaymentWhileItsCardIsSoldAndRecycledAgain(t *testing.T) {
 		b.mustAudit(t)
 	})
 }
+
+// TestRepairBesideARecall: the nightly repair gives a card for sale its
+// missing row while a recall of the card's batch is under way: the card
+// ends withdrawn and without a row, whichever goes first. (The repair
+// held only the card: a recall that had taken the batch's rows off sale,
+// not seeing that one yet, then waited for the card and withdrew it,
+// leaving the row the repair gave it.)
+func TestRepairBesideARecall(t *testing.T) {
+	t.Parallel()
+	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
+		// The repair's INSERT of the row.
+		hook := newStallHook(func(q string) bool { return strings.Contains(q, "INSERT") && strings.Contains(q, "card_for_sale") })
+		db = db.WithQueryHook(hook)
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 2)
+		cards := cardsIn(t, db, p.ID, domain.CardUnsold)
+		if _, err := db.NewDelete().Model((*domain.CardForSale)(nil)).Where("card_id = ?", cards[0]).Exec(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		hook.armed.Store(true)
+		type repairAnswer struct {
+			added, removed int
+			err            error
+		}
+		repaired := make(chan repairAnswer, 1)
+		go func() {
+			added, removed, err := b.ledger.RepairCardsForSale(b.ctx)
+			repaired <- repairAnswer{added, removed, err}
+		}()
+		receive(t, "the repair at its INSERT", hook.entered)
+		recalled := make(chan error, 1)
+		go func() {
+			_, err := b.ledger.RecallBatch(b.ctx, b.onlyBatch(t, p.ID), "supplier said so", "admin")
+			recalled <- err
+		}()
+		// The recall waits (for the card, or, once fixed, the batch), or
+		// the repair does; either way both finish once it goes on.
+		waitFor(t, "the recall waiting", func() bool { return lockWaits(t, db, "card_stock", 1) || lockWaits(t, db, "card_batch", 1) })
+		close(hook.release)
+		if a := receive(t, "the repair", repaired); a.err != nil {
+			t.Fatal(a.err)
+		}
+		if err := receive(t, "the recall", recalled); err != nil {
+			t.Fatal(err)
+		}
+		if rows, left := forSale(t, db, p.ID), cardsIn(t, db, p.ID, domain.CardUnsold, domain.CardRecycled); len(rows) != 0 || len(left) != 0 {
+			t.Fatalf("after the recall: card_for_sale %v, cards for sale %v; want none", rows, left)
+		}
+		b.mustAudit(t)
+	})
+}
