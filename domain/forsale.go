@@ -28,34 +28,27 @@ type CardForSale struct {
 // card and run again, for ever, on the same row.
 const forSaleIsLockable = "EXISTS (SELECT 1 FROM card_stock AS c WHERE c.id = f.card_id AND c.status IN (?))"
 
-// pickCards takes up to n cards of product off sale for this transaction:
-// their rows of card_for_sale are locked, skipping those another
-// transaction holds (so concurrent buyers take different cards instead of
-// queueing on one), and deleted. On PostgreSQL and SQLite it is one
-// statement and the rows are gone when it returns (done is nil); on
-// MySQL/MariaDB, which have no DELETE … RETURNING with a subquery on its
-// own table, the rows are locked and done deletes them, to be sent with
-// the transaction's other writes. The cards come in card_id order, the
-// key's.
-func pickCards(ctx context.Context, tx bun.Tx, productID int64, n int) (ids []int64, done writeQuery, err error) {
-	const pick = `SELECT f.card_id FROM card_for_sale AS f WHERE f.product_id = ? AND ` + forSaleIsLockable + ` ORDER BY f.card_id LIMIT ?`
-	args := []any{productID, bun.List(CardLock.From), n}
+// pickCards picks up to n cards of product to take off sale in this
+// transaction: their rows of card_for_sale are locked, skipping those
+// another transaction holds (so concurrent buyers take different cards
+// instead of queueing on one). The caller deletes the rows of the cards
+// it uses (takeOffSale) with its other writes, and leaves the others (an
+// order of the batch wanted more than were left) as they are, locked
+// until it commits: deleted and inserted again, they would be rows that a
+// transaction waiting for them (a recall taking its batch off sale) does
+// not see on PostgreSQL, its snapshot taken before they came back
+// (TestRecallWhilePickedCardsLeftOver). SQLite has one writer and no row
+// locks. The cards come in card_id order, the key's.
+func pickCards(ctx context.Context, tx bun.Tx, productID int64, n int) (ids []int64, err error) {
+	q := `SELECT f.card_id FROM card_for_sale AS f WHERE f.product_id = ? AND ` + forSaleIsLockable + ` ORDER BY f.card_id LIMIT ?`
 	switch dialectName(tx) {
 	case dialect.PG:
-		err = tx.NewRaw(`WITH picked AS MATERIALIZED (`+pick+` FOR UPDATE OF f SKIP LOCKED)
-			DELETE FROM card_for_sale AS f USING picked AS p WHERE f.product_id = ? AND f.card_id = p.card_id
-			RETURNING f.card_id`, append(args, productID)...).Scan(ctx, &ids)
-		return ids, nil, err
+		q += ` FOR UPDATE OF f SKIP LOCKED`
 	case dialect.MySQL:
-		if err := tx.NewRaw(pick+` FOR UPDATE SKIP LOCKED`, args...).Scan(ctx, &ids); err != nil || len(ids) == 0 {
-			return nil, nil, err
-		}
-		return ids, takeOffSale(tx, productID, ids), nil
-	default: // SQLite: one writer, nothing to skip
-		err = tx.NewRaw(`DELETE FROM card_for_sale WHERE product_id = ? AND card_id IN (`+pick+`) RETURNING card_id`,
-			append([]any{productID}, args...)...).Scan(ctx, &ids)
-		return ids, nil, err
+		q += ` FOR UPDATE SKIP LOCKED`
 	}
+	err = tx.NewRaw(q, productID, bun.List(CardLock.From), n).Scan(ctx, &ids)
+	return ids, err
 }
 
 // takeOffSale deletes the rows of card_for_sale of ids, cards of product.
@@ -180,9 +173,22 @@ func (l *Ledger) RepairCardsForSale(ctx context.Context) (added, removed int, er
 		put := false
 		err := inTx(ctx, l.db, func(ctx context.Context, tx bun.Tx) error {
 			put = false
+			// Its batch first, share-locked as a close reads it: a recall
+			// (which updates the batch, then takes its cards off sale)
+			// either went first, and the card is withdrawn, or waits and
+			// then finds the row.
+			var batchIDs []int64
+			if err := tx.NewSelect().Table("card_stock").Column("batch_id").Where("id = ?", id).Scan(ctx, &batchIDs); err != nil || len(batchIDs) == 0 {
+				return err
+			}
+			var batches []Batch
+			if err := shareLockIDs(tx, tableBatches, batchIDs, "id", "status").Scan(ctx, &batches); err != nil ||
+				len(batches) == 0 || batches[0].Status != BatchActive {
+				return err
+			}
 			var cards []Card
 			if err := forUpdate(tx.NewSelect().Model(&cards).Column("id", "product_id").Where("id = ?", id).
-				Where("status IN (?)", bun.List(CardLock.From))).Scan(ctx); err != nil || len(cards) == 0 {
+				Where("batch_id = ?", batchIDs[0]).Where("status IN (?)", bun.List(CardLock.From))).Scan(ctx); err != nil || len(cards) == 0 {
 				return err
 			}
 			res, err := putOnSale(tx, []CardForSale{{ProductID: cards[0].ProductID, CardID: id}}).Exec(ctx)

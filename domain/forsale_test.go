@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
 
 	"kami/domain"
 	"kami/domain/dbtest"
@@ -77,8 +79,8 @@ func TestCardsForSaleFollowTheCards(t *testing.T) {
 }
 
 // TestPickedCardsLeftOverGoBackOnSale: a placement batch whose order
-// wants more cards than are left takes the ones there are off sale while
-// it decides, and puts them back: the order is SOLD_OUT, and the cards
+// wants more cards than are left holds the ones there are while it
+// decides, and leaves them on sale: the order is SOLD_OUT, and the cards
 // are still for sale to the next buyer.
 func TestPickedCardsLeftOverGoBackOnSale(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
@@ -214,6 +216,192 @@ func TestRaceLatePaymentAndPick(t *testing.T) {
 			}
 		}
 		t.Logf("outcomes: %v", outcomes)
+		b.mustAudit(t)
+	})
+}
+
+// TestRecallWhilePickedCardsLeftOver: a recall that waits for a placement
+// holding some of the batch's rows of card_for_sale, cards the placement
+// picked and is left over with (an order of its batch wanted more than
+// were left), finds those cards for sale once it commits and takes their
+// rows with them: no row is left for a card the recall withdrew. (The
+// place used to delete every picked row and insert the left-over ones
+// again, rows the recall's DELETE, its snapshot taken before the place
+// committed, never saw on PostgreSQL.)
+func TestRecallWhilePickedCardsLeftOver(t *testing.T) {
+	t.Parallel()
+	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 3)
+		cards := cardsIn(t, db, p.ID, domain.CardUnsold)
+		// A transaction holding the first card's row stops the place
+		// after its pick, at its cards' UPDATE.
+		hold, err := db.BeginTx(b.ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hold.Rollback()
+		if _, err := hold.ExecContext(b.ctx, "SELECT id FROM card_stock WHERE id = ? FOR UPDATE", cards[0]); err != nil {
+			t.Fatal(err)
+		}
+		two, other := orderInput(p, "two@example.com"), orderInput(p, "other@example.com")
+		two.Quantity, other.Quantity = 2, 2
+		placedC := make(chan placeAnswer, 1)
+		go func() {
+			placed, errs := b.ledger.PlaceBatchForTest(b.ctx, []domain.PlaceOrderInput{two, other})
+			placedC <- placeAnswer{placed, errs}
+		}()
+		waitFor(t, "the place waiting on the held card", func() bool { return lockWaits(t, db, "card_stock", 1) })
+		recalled := make(chan error, 1)
+		go func() {
+			_, err := b.ledger.RecallBatch(b.ctx, b.onlyBatch(t, p.ID), "supplier said so", "admin")
+			recalled <- err
+		}()
+		waitFor(t, "the recall waiting on the place's rows", func() bool { return lockWaits(t, db, "card_for_sale", 2) })
+		if err := hold.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		a := receive(t, "the place", placedC)
+		if a.placed[0] == nil || domain.ErrorCode(a.errs[1]) != domain.ESOLDOUT {
+			t.Fatalf("place: %v, %v; want the first placed, the second SOLD_OUT", a.placed, a.errs)
+		}
+		if err := receive(t, "the recall", recalled); err != nil {
+			t.Fatal(err)
+		}
+		if rows, left := forSale(t, db, p.ID), cardsIn(t, db, p.ID, domain.CardUnsold, domain.CardRecycled); len(rows) != 0 || len(left) != 0 {
+			t.Fatalf("after the recall: card_for_sale %v, cards for sale %v; want none", rows, left)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// lockWaits reports whether a session of db's database waits for a row
+// lock of table (MySQL/MariaDB), or whether pg sessions of it wait for a
+// lock (PostgreSQL, which does not say of which table).
+func lockWaits(t *testing.T, db *bun.DB, table string, pg int) bool {
+	t.Helper()
+	ctx := context.Background()
+	if db.Dialect().Name() == dialect.PG {
+		var n int
+		if err := db.NewRaw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock'`).Scan(ctx, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n >= pg
+	}
+	var database, typ, name, status string
+	if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&database); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRowContext(ctx, "SHOW ENGINE INNODB STATUS").Scan(&typ, &name, &status); err != nil {
+		t.Fatal(err)
+	}
+	of := "of table `" + database + "`.`" + table + "`"
+	for _, trx := range strings.Split(status, "\n---TRANSACTION ")[1:] {
+		if _, lock, ok := strings.Cut(trx, "FOR THIS LOCK TO BE GRANTED:\nRECORD LOCKS "); ok {
+			if line, _, _ := strings.Cut(lock, "\n"); strings.Contains(line, of) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestLatePaymentWhileItsCardIsSoldAndRecycledAgain: a late payment reads
+// its closed order's recycled card, and before it locks the card's row
+// another order picks the card and is closed, recycling it again: the
+// card, for sale again, is now that order's. The payment must not take
+// it (its order holds no card then, and the payment failed as
+// INCONSISTENT): it is refunded, and the card stays for sale.
+func TestLatePaymentWhileItsCardIsSoldAndRecycledAgain(t *testing.T) {
+	t.Parallel()
+	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
+		// The late payment's lock of its card's row.
+		hook := newStallHook(func(q string) bool {
+			return strings.Contains(q, "card_for_sale") && strings.Contains(q, "FOR UPDATE") && !strings.Contains(q, "SKIP LOCKED")
+		})
+		db = db.WithQueryHook(hook)
+		b := setup(t, db, domain.Config{LatePayment: domain.LateDeliver})
+		p := b.product(t, 100, 1)
+		first := b.order(t, p, 1).Order
+		if rs, err := b.ledger.CloseOrders(b.ctx, []string{first.OrderNo}, domain.CloseCancel); err != nil || rs[0].Released != 1 {
+			t.Fatalf("close: %+v, %v", rs, err)
+		}
+		hook.armed.Store(true)
+		type payAnswer struct {
+			res *domain.PaymentResult
+			err error
+		}
+		paid := make(chan payAnswer, 1)
+		go func() {
+			res, err := b.ledger.RecordPayment(b.ctx, domain.Payment{Provider: first.Provider, NotifyID: "N-1", OrderNo: first.OrderNo,
+				TradeNo: "T-1", AmountFen: first.AmountFen, PaidAt: b.clock.Now(), Raw: "{}"})
+			paid <- payAnswer{res, err}
+		}()
+		receive(t, "the late payment at its card's row", hook.entered)
+		second := b.order(t, p, 1).Order
+		if rs, err := b.ledger.CloseOrders(b.ctx, []string{second.OrderNo}, domain.CloseCancel); err != nil || rs[0].Released != 1 {
+			t.Fatalf("close of the second order: %+v, %v", rs, err)
+		}
+		close(hook.release)
+		a := receive(t, "the late payment", paid)
+		if a.err != nil || a.res.Outcome != domain.PaymentLateRefund {
+			t.Fatalf("late payment: %+v, %v; want it refunded", a.res, a.err)
+		}
+		if rows, cards := forSale(t, db, p.ID), cardsIn(t, db, p.ID, domain.CardRecycled); len(rows) != 1 || !slices.Equal(rows, cards) {
+			t.Fatalf("card_for_sale %v, recycled cards %v; want the card for sale", rows, cards)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// TestRepairBesideARecall: the nightly repair gives a card for sale its
+// missing row while a recall of the card's batch is under way: the card
+// ends withdrawn and without a row, whichever goes first. (The repair
+// held only the card: a recall that had taken the batch's rows off sale,
+// not seeing that one yet, then waited for the card and withdrew it,
+// leaving the row the repair gave it.)
+func TestRepairBesideARecall(t *testing.T) {
+	t.Parallel()
+	dbtest.Servers(t, func(t *testing.T, db *bun.DB) {
+		// The repair's INSERT of the row.
+		hook := newStallHook(func(q string) bool { return strings.Contains(q, "INSERT") && strings.Contains(q, "card_for_sale") })
+		db = db.WithQueryHook(hook)
+		b := setup(t, db, domain.Config{})
+		p := b.product(t, 100, 2)
+		cards := cardsIn(t, db, p.ID, domain.CardUnsold)
+		if _, err := db.NewDelete().Model((*domain.CardForSale)(nil)).Where("card_id = ?", cards[0]).Exec(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		hook.armed.Store(true)
+		type repairAnswer struct {
+			added, removed int
+			err            error
+		}
+		repaired := make(chan repairAnswer, 1)
+		go func() {
+			added, removed, err := b.ledger.RepairCardsForSale(b.ctx)
+			repaired <- repairAnswer{added, removed, err}
+		}()
+		receive(t, "the repair at its INSERT", hook.entered)
+		recalled := make(chan error, 1)
+		go func() {
+			_, err := b.ledger.RecallBatch(b.ctx, b.onlyBatch(t, p.ID), "supplier said so", "admin")
+			recalled <- err
+		}()
+		// The recall waits (for the card, or, once fixed, the batch), or
+		// the repair does; either way both finish once it goes on.
+		waitFor(t, "the recall waiting", func() bool { return lockWaits(t, db, "card_stock", 1) || lockWaits(t, db, "card_batch", 1) })
+		close(hook.release)
+		if a := receive(t, "the repair", repaired); a.err != nil {
+			t.Fatal(a.err)
+		}
+		if err := receive(t, "the recall", recalled); err != nil {
+			t.Fatal(err)
+		}
+		if rows, left := forSale(t, db, p.ID), cardsIn(t, db, p.ID, domain.CardUnsold, domain.CardRecycled); len(rows) != 0 || len(left) != 0 {
+			t.Fatalf("after the recall: card_for_sale %v, cards for sale %v; want none", rows, left)
+		}
 		b.mustAudit(t)
 	})
 }

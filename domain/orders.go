@@ -276,9 +276,10 @@ func (l *Ledger) afterTx(ctx context.Context, cardIDs []int64, nos []string) (ma
 
 // placeOrders decides every order of a batch with a fixed number of
 // statements, whatever the batch's size: read the idempotency keys, the
-// products and the buyers' unpaid orders; lock cards product by product
-// with SKIP LOCKED; then insert the orders, mark their cards and write the
-// journal, each in one statement. An order refused for its own reasons gets
+// products and the buyers' unpaid orders; lock cards (their rows of
+// card_for_sale) product by product with SKIP LOCKED; then insert the
+// orders, mark their cards, write the journal and delete the used cards'
+// rows, each in one statement. An order refused for its own reasons gets
 // its error in errs; the returned error is the transaction's.
 func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput) ([]*PlacedOrder, []error, error) {
 	placed, errs := make([]*PlacedOrder, len(ins)), make([]error, len(ins))
@@ -352,18 +353,13 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 		want[in.ProductID] += in.Quantity
 	}
 	cards := map[int][]int64{}
-	var (
-		offSale  []writeQuery // MySQL/MariaDB: the picked rows of card_for_sale, deleted with the writes
-		unpicked []CardForSale
-	)
+	var offSale []writeQuery // the rows of card_for_sale of the cards used, deleted with the writes
 	for _, productID := range sortedKeys(want) {
-		free, done, err := pickCards(ctx, tx, productID, want[productID])
+		free, err := pickCards(ctx, tx, productID, want[productID])
 		if err != nil {
 			return nil, nil, err
 		}
-		if done != nil {
-			offSale = append(offSale, done)
-		}
+		var used []int64
 		for i, in := range open {
 			if in.ProductID != productID {
 				continue
@@ -373,20 +369,15 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 				continue
 			}
 			cards[i], free = free[:in.Quantity], free[in.Quantity:]
+			used = append(used, cards[i]...)
 		}
 		// Cards picked and left over (an order wanted more than were
-		// left) go back on sale.
-		for _, id := range free {
-			unpicked = append(unpicked, CardForSale{ProductID: productID, CardID: id})
+		// left) keep their rows: still for sale.
+		if len(used) > 0 {
+			offSale = append(offSale, takeOffSale(tx, productID, used))
 		}
-	}
-	if len(unpicked) > 0 {
-		offSale = append(offSale, putOnSale(tx, unpicked))
 	}
 	if len(cards) == 0 {
-		if _, err := writeAll(ctx, tx, offSale...); err != nil {
-			return nil, nil, err
-		}
 		return done()
 	}
 

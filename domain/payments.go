@@ -425,8 +425,10 @@ func (l *Ledger) sellLocked(ctx context.Context, tx bun.Tx, o *Order, now time.T
 //
 // The cards are taken off sale as a pick takes them: their rows of
 // card_for_sale are locked first (a pick holding one is waited for, and
-// then the row is gone), then the cards. Locking the cards first would
-// deadlock with a pick, which holds the row and then updates the card.
+// then the row is gone), then the cards, still RECYCLED and still the
+// order's (else the transaction runs again, and finds them gone). Locking
+// the cards first would deadlock with a pick, which holds the row and
+// then updates the card.
 func (l *Ledger) deliverLate(ctx context.Context, tx bun.Tx, o *Order, now time.Time, paidCols []column) (bool, error) {
 	var ids []int64
 	if err := tx.NewSelect().Table("card_stock").Column("id").
@@ -442,7 +444,10 @@ func (l *Ledger) deliverLate(ctx context.Context, tx bun.Tx, o *Order, now time.
 	if _, err := takeOffSale(tx, o.ProductID, ids).Exec(ctx); err != nil {
 		return false, err
 	}
-	if n, err := apply(ctx, tx, CardLock, now, whereIDs(ids), col("locked_at = ?", now)); err != nil || n != int64(len(ids)) {
+	// Still this order's: read without a lock, a card may have been
+	// picked by another order and recycled again by its close since.
+	stillOurs := func(q *bun.UpdateQuery) *bun.UpdateQuery { return whereIDs(ids)(q).Where("order_no = ?", o.OrderNo) }
+	if n, err := apply(ctx, tx, CardLock, now, stillOurs, col("locked_at = ?", now)); err != nil || n != int64(len(ids)) {
 		if err == nil {
 			err = errRetry
 		}
