@@ -26,7 +26,12 @@ type CardForSale struct {
 // is not, but a process of a version from before the table (a rolling
 // upgrade) does, and a pick that took such a row would fail to lock its
 // card and run again, for ever, on the same row.
-const forSaleIsLockable = "EXISTS (SELECT 1 FROM card_stock AS c WHERE c.id = f.card_id AND c.status IN (?))"
+//
+// A scalar subquery, run for each row the scan finds: PostgreSQL makes an
+// EXISTS a join, and joined it chose to read the cards in id order from
+// the first one ever imported (a merge join), or every row of the
+// product before the LIMIT (a hash or sorted plan).
+const forSaleIsLockable = "(SELECT c.status FROM card_stock AS c WHERE c.id = f.card_id) IN (?)"
 
 // pickCards picks up to n cards of product to take off sale in this
 // transaction: their rows of card_for_sale are locked, skipping those
@@ -38,14 +43,26 @@ const forSaleIsLockable = "EXISTS (SELECT 1 FROM card_stock AS c WHERE c.id = f.
 // transaction waiting for them (a recall taking its batch off sale) does
 // not see on PostgreSQL, its snapshot taken before they came back
 // (TestRecallWhilePickedCardsLeftOver). SQLite has one writer and no row
-// locks. The cards come in card_id order, the key's.
+// locks.
+//
+// No ORDER BY on PostgreSQL: any card for sale will do, and asked for an
+// order without statistics that say how many rows the product has (a new
+// table, or one not analyzed since it grew), PostgreSQL read all of them,
+// probed each one's card and sorted, to return the first n: the whole
+// place slowed threefold in the bench (20,000 cards for sale). Without
+// it the scan stops at the n-th card found; an import analyzes the table
+// (importTx), so that the scan is one of the key, not a bitmap of every
+// row of the product. On MariaDB the order keeps the read on the key's
+// range (see takeOffSale); its range scan stops at the n-th row anyway.
 func pickCards(ctx context.Context, tx bun.Tx, productID int64, n int) (ids []int64, err error) {
-	q := `SELECT f.card_id FROM card_for_sale AS f WHERE f.product_id = ? AND ` + forSaleIsLockable + ` ORDER BY f.card_id LIMIT ?`
+	q := `SELECT f.card_id FROM card_for_sale AS f WHERE f.product_id = ? AND ` + forSaleIsLockable
 	switch dialectName(tx) {
 	case dialect.PG:
-		q += ` FOR UPDATE OF f SKIP LOCKED`
+		q += ` LIMIT ? FOR UPDATE OF f SKIP LOCKED`
 	case dialect.MySQL:
-		q += ` FOR UPDATE SKIP LOCKED`
+		q += ` ORDER BY f.card_id LIMIT ? FOR UPDATE SKIP LOCKED`
+	default:
+		q += ` LIMIT ?`
 	}
 	err = tx.NewRaw(q, productID, bun.List(CardLock.From), n).Scan(ctx, &ids)
 	return ids, err
@@ -75,7 +92,7 @@ func putOnSale(db bun.IDB, rows []CardForSale) *bun.InsertQuery {
 }
 
 // lockForSale locks the rows of card_for_sale of ids, cards of product,
-// waiting for any another transaction holds, and returns the card ids of
+// waiting for any that another transaction holds, and returns the card ids of
 // those still there. Ordered by the key and limited to the rows named, as
 // takeOffSale's DELETE on MariaDB, so that it reads only those.
 func lockForSale(ctx context.Context, tx bun.Tx, productID int64, ids []int64) ([]int64, error) {
@@ -124,7 +141,7 @@ func cardsForSaleAstray(ctx context.Context, db bun.IDB, limit int64) (missing [
 		return nil, nil, err
 	}
 	err = db.NewSelect().Model(&stale).ModelTableExpr("card_for_sale AS f").ColumnExpr("f.product_id, f.card_id").
-		Where("NOT "+forSaleIsLockable, bun.List(CardLock.From)).
+		Where("NOT ("+forSaleIsLockable+")", bun.List(CardLock.From)).
 		WhereOr("NOT EXISTS (SELECT 1 FROM card_stock AS c WHERE c.id = f.card_id AND c.product_id = f.product_id)").
 		OrderExpr("f.product_id, f.card_id").Limit(limit).Scan(ctx)
 	return missing, stale, err

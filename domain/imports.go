@@ -193,7 +193,7 @@ func (l *Ledger) importTx(ctx context.Context, productID int64, fn func(context.
 		}
 		defer conn.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK(SHA1(CONCAT(DATABASE(), ?)))", name)
 	}
-	return conn.RunInTx(ctx, txOptions(l.db), func(ctx context.Context, tx bun.Tx) error {
+	err = conn.RunInTx(ctx, txOptions(l.db), func(ctx context.Context, tx bun.Tx) error {
 		if dialectName(tx) == dialect.PG {
 			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(?)", importLockKey(productID)); err != nil {
 				return err
@@ -201,6 +201,16 @@ func (l *Ledger) importTx(ctx context.Context, productID int64, fn func(context.
 		}
 		return fn(ctx, tx)
 	})
+	if err == nil && dialectName(l.db) == dialect.PG {
+		// The pick reads card_for_sale by its key only when PostgreSQL's
+		// statistics know how many rows a product has (see pickCards);
+		// an import is what changes that most, and the autovacuum's
+		// analysis of a table just filled may come minutes later. A few
+		// milliseconds (a sample of the narrow table); its failure only
+		// leaves that to the autovacuum.
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ANALYZE card_for_sale")
+	}
+	return err
 }
 
 // importLockWait bounds how long an import waits for another into the
