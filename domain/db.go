@@ -108,6 +108,15 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		// simple protocol refused such sessions; "exec" does not look.
 		q.Set("standard_conforming_strings", "on")
 		q.Set("client_encoding", "UTF8")
+		// No JIT compilation: kami's statements are short and many, and
+		// PostgreSQL compiles one whose estimated cost passes a threshold,
+		// which a table without statistics (just filled, not yet
+		// analyzed) easily does: a close batch's read of its cards, on
+		// 100,000 cards, took 160 ms, almost all of it compiling, for a
+		// few milliseconds of work. The URL may turn it back on.
+		if q.Get("jit") == "" {
+			q.Set("jit", "off")
+		}
 		u.RawQuery = q.Encode()
 		sqldb, err = openSQL("pgx", u.String(), opts.WrapConnector)
 		if err != nil {
