@@ -95,6 +95,11 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		// with no arguments, and copies it; a 500-order batch's statement
 		// is tens of kilobytes, and that pass was a tenth of kami's CPU
 		// in a close drain.
+		// pgx reads the query as libpq does: a '+' is itself, a space is
+		// %20. Go's url.Values reads a '+' as a space and writes a space
+		// as '+', so a '+' is kept as %2B on the way in and a space goes
+		// out as %20 (Encode writes a '+' of a value as %2B).
+		u.RawQuery = strings.ReplaceAll(u.RawQuery, "+", "%2B")
 		q := u.Query()
 		if q.Get("default_query_exec_mode") == "" {
 			q.Set("default_query_exec_mode", "exec")
@@ -114,10 +119,12 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		// analyzed) easily does: a close batch's read of its cards, on
 		// 100,000 cards, took 160 ms, almost all of it compiling, for a
 		// few milliseconds of work. The URL may turn it back on.
-		if q.Get("jit") == "" {
+		// The URL's own options (-c jit=on) would lose to a parameter of
+		// the session's start, which PostgreSQL applies after them.
+		if q.Get("jit") == "" && !strings.Contains(q.Get("options"), "jit") {
 			q.Set("jit", "off")
 		}
-		u.RawQuery = q.Encode()
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 		sqldb, err = openSQL("pgx", u.String(), opts.WrapConnector)
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)

@@ -207,8 +207,17 @@ func (l *Ledger) importTx(ctx context.Context, productID int64, fn func(context.
 		// an import is what changes that most, and the autovacuum's
 		// analysis of a table just filled may come minutes later. A few
 		// milliseconds (a sample of the narrow table); its failure only
-		// leaves that to the autovacuum.
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "ANALYZE card_for_sale")
+		// leaves that to the autovacuum. The import is committed: it does
+		// not wait more than a moment for a lock that conflicts with the
+		// analysis (a VACUUM, an anti-wraparound autovacuum, another
+		// import's ANALYZE, a CREATE INDEX), which might be held for hours.
+		_ = conn.RunInTx(context.WithoutCancel(ctx), nil, func(ctx context.Context, tx bun.Tx) error {
+			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '1s'"); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, "ANALYZE card_for_sale")
+			return err
+		})
 	}
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/uptrace/bun"
 
@@ -445,4 +446,44 @@ func TestCodeRules(t *testing.T) {
 		}
 		b.mustAudit(t)
 	})
+}
+
+// TestImportDoesNotWaitToAnalyze: an import's ANALYZE of card_for_sale,
+// after it committed, is a courtesy to the pick's plan; a session holding
+// a lock that conflicts with it (a VACUUM, an anti-wraparound autovacuum,
+// another ANALYZE, a CREATE INDEX) must not keep the import from
+// answering, and the caller cannot cancel it. Unhindered, an import
+// leaves the table analyzed.
+func TestImportDoesNotWaitToAnalyze(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, dbtest.Postgres)
+	b := setup(t, db, domain.Config{})
+	p := b.product(t, 100, 1)
+	var rows float64 // -1 until the table is first analyzed (or vacuumed)
+	if err := db.QueryRowContext(b.ctx, "SELECT reltuples FROM pg_class WHERE oid = 'card_for_sale'::regclass").Scan(&rows); err != nil || rows != 1 {
+		t.Fatalf("card_for_sale after an import of one card: %v rows in its statistics (%v), want 1", rows, err)
+	}
+	holder, err := db.BeginTx(b.ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.ExecContext(b.ctx, "LOCK TABLE card_for_sale IN SHARE UPDATE EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.ledger.ImportCards(b.ctx, p.ID, []string{codeFor(p.ID, 99)}, "test")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("the import waited for a lock on card_for_sale after it committed")
+		holder.Rollback()
+		<-done
+	}
 }

@@ -186,3 +186,28 @@ func TestPGSessionsCompileNoPlan(t *testing.T) {
 		}
 	}
 }
+
+// TestPGURLKeepsItsParameters: OpenDB adds its settings to the URL's query
+// and writes it again; the parameters it was given reach PostgreSQL as
+// libpq (and pgx) read them: a space is %20, a '+' is itself (not a
+// space), and the options a URL sets for the session apply, jit too.
+func TestPGURLKeepsItsParameters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u, _ := url.Parse(dbtest.PostgresURL())
+	u.RawQuery += "&application_name=kami%20shop+1&options=-c%20work_mem%3D5MB%20-c%20jit%3Don"
+	db, err := domain.OpenDB(ctx, u.String(), "", domain.DBOptions{MaxOpenConns: 1})
+	if err != nil {
+		if dbtest.Required() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	defer db.Close()
+	for setting, want := range map[string]string{"application_name": "kami shop+1", "work_mem": "5MB", "jit": "on"} {
+		var got string
+		if err := db.QueryRowContext(ctx, "SHOW "+setting).Scan(&got); err != nil || got != want {
+			t.Errorf("%s is %q (%v), want %q", setting, got, err, want)
+		}
+	}
+}
