@@ -76,8 +76,10 @@ func recordEvents(ctx context.Context, tx bun.IDB, now time.Time, evs ...Event) 
 // event fanned out: an UPDATE of every event (a new row version, with
 // entries in the events' indexes), a tenth of a close's work in the
 // database, in a shop that has no webhooks. An endpoint receives the
-// events written after it was enabled (those whose INSERT saw it
-// committed); one enabled while an INSERT runs may miss that one's.
+// events whose INSERT saw it enabled and committed (the statement's
+// snapshot, READ COMMITTED): one created or enabled after that statement
+// began and before its transaction commits misses that transaction's
+// events; an admin's redelivery sends them.
 const bornFannedOut = "NOT EXISTS (SELECT 1 FROM webhook_endpoint WHERE deleted_at IS NULL AND enabled = TRUE)"
 
 // eventsInsert is recordEvents' INSERT of at least one event, built and

@@ -52,3 +52,13 @@ func dropIndex(ctx context.Context, db bun.IDB, table, index string) error {
 	_, err := db.ExecContext(ctx, q)
 	return err
 }
+
+// onPG runs a statement only on PostgreSQL: a table lock or a storage
+// option the other databases do not have.
+func onPG(ctx context.Context, db bun.IDB, query string) error {
+	if db.Dialect().Name() != dialect.PG {
+		return nil
+	}
+	_, err := db.ExecContext(ctx, query)
+	return err
+}

@@ -39,10 +39,8 @@ import (
 // removes its row, and the audit names both (pending_row).
 func init() {
 	Migrations.MustRegister(step(func(ctx context.Context, db bun.IDB) error {
-		if db.Dialect().Name() == dialect.PG {
-			if _, err := db.ExecContext(ctx, "LOCK TABLE orders IN ACCESS EXCLUSIVE MODE"); err != nil {
-				return err
-			}
+		if err := onPG(ctx, db, "LOCK TABLE orders IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return err
 		}
 		if err := execAll(ctx, db, pendingOrderUp); err != nil {
 			return err
@@ -50,11 +48,7 @@ func init() {
 		if err := dropIndexes(ctx, db, ordersStatusIndexes(db)); err != nil {
 			return err
 		}
-		if db.Dialect().Name() == dialect.PG {
-			_, err := db.ExecContext(ctx, "ALTER TABLE orders SET (fillfactor = 50)")
-			return err
-		}
-		return nil
+		return onPG(ctx, db, "ALTER TABLE orders SET (fillfactor = 50)")
 	}), step(func(ctx context.Context, db bun.IDB) error {
 		down := pendingOrderDownPartial
 		if db.Dialect().Name() == dialect.MySQL {
@@ -63,10 +57,8 @@ func init() {
 		if err := execAll(ctx, db, down); err != nil {
 			return err
 		}
-		if db.Dialect().Name() == dialect.PG {
-			if _, err := db.ExecContext(ctx, "ALTER TABLE orders RESET (fillfactor)"); err != nil {
-				return err
-			}
+		if err := onPG(ctx, db, "ALTER TABLE orders RESET (fillfactor)"); err != nil {
+			return err
 		}
 		if err := dropIndex(ctx, db, "orders", "orders_contact_created"); err != nil {
 			return err

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect"
 )
 
 // Which cards are for sale moves out of the cards' indexes into a table of
@@ -32,10 +31,8 @@ import (
 // audit names it (card_for_sale).
 func init() {
 	Migrations.MustRegister(step(func(ctx context.Context, db bun.IDB) error {
-		if db.Dialect().Name() == dialect.PG {
-			if _, err := db.ExecContext(ctx, "LOCK TABLE card_stock IN ACCESS EXCLUSIVE MODE"); err != nil {
-				return err
-			}
+		if err := onPG(ctx, db, "LOCK TABLE card_stock IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return err
 		}
 		// The new indexes come first: on MariaDB the batch's foreign key
 		// needs an index on batch_id at every moment.
@@ -45,19 +42,13 @@ func init() {
 		if err := dropIndexes(ctx, db, cardStatusIndexes); err != nil {
 			return err
 		}
-		if db.Dialect().Name() == dialect.PG {
-			_, err := db.ExecContext(ctx, "ALTER TABLE card_stock SET (fillfactor = 50)")
-			return err
-		}
-		return nil
+		return onPG(ctx, db, "ALTER TABLE card_stock SET (fillfactor = 50)")
 	}), step(func(ctx context.Context, db bun.IDB) error {
 		if err := execAll(ctx, db, cardForSaleDown); err != nil {
 			return err
 		}
-		if db.Dialect().Name() == dialect.PG {
-			if _, err := db.ExecContext(ctx, "ALTER TABLE card_stock RESET (fillfactor)"); err != nil {
-				return err
-			}
+		if err := onPG(ctx, db, "ALTER TABLE card_stock RESET (fillfactor)"); err != nil {
+			return err
 		}
 		if err := dropIndexes(ctx, db, [][2]string{{"card_stock", "card_stock_by_order"}, {"card_stock", "card_stock_by_batch"}}); err != nil {
 			return err
