@@ -14,6 +14,7 @@ import (
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
 )
 
 // notFound turns sql.ErrNoRows into NOT_FOUND and passes other errors on.
@@ -1115,6 +1116,15 @@ func pendingOrderOf(o *Order) PendingOrder {
 // leavePending deletes the rows of pending_order of nos, orders this
 // transaction has just moved out of PENDING (and holds locked).
 //
+// On PostgreSQL each row is found by one probe of the table's key (the
+// lateral pattern of lockedCardsPG) and deleted by its place (ctid).
+// pending_order holds the PENDING orders: a few hundred in a busy shop,
+// but tens of thousands after a restart that finds a backlog, and its
+// statistics are those of the quiet moment before. Asked as "order_no IN
+// (…500 numbers…)", the planner believed the table small and compared
+// every row with the list: 13 ms of a close batch's 33 in the bench's
+// drain of 40,000 orders, and it grew with the backlog.
+//
 // On MySQL/MariaDB the rows are found through their orders, read on
 // order_no's index (nameIndexMySQL), one probe of pending_order's primary
 // key each. Left to choose, for a batch that is a large share of
@@ -1126,7 +1136,13 @@ func pendingOrderOf(o *Order) PendingOrder {
 // single-table DELETE takes no index hint, and MariaDB drops a hint on the
 // only table of a multi-table one.
 func leavePending(tx bun.IDB, nos []string) writeQuery {
-	if dialectName(tx) == dialect.MySQL {
+	switch dialectName(tx) {
+	case dialect.PG:
+		return tx.NewRaw(`DELETE FROM pending_order WHERE ctid = ANY(ARRAY(
+			SELECT p.ctid FROM unnest(?::text[]) AS u(no)
+			CROSS JOIN LATERAL (SELECT ctid FROM pending_order WHERE order_no = u.no OFFSET 0) AS p))
+			RETURNING 1`, pgdialect.Array(nos))
+	case dialect.MySQL:
 		return tx.NewRaw("DELETE p FROM orders AS o FORCE INDEX (?) STRAIGHT_JOIN pending_order AS p ON p.order_no = o.order_no"+
 			" WHERE o.order_no IN (?)", bun.Ident(nameIndexMySQL[[2]string{tableOrders, "order_no"}]), bun.List(nos))
 	}
