@@ -276,6 +276,53 @@ func TestCloseLeavesPendingByNumber(t *testing.T) {
 	}
 }
 
+// TestPlaceTakesCardsOffSaleByKey: the place deletes its cards' rows of
+// card_for_sale one probe of the key each, whatever the statistics say.
+// An import analyzes card_for_sale; a backlog of closes that recycles
+// thousands of cards into it does not, and with the statistics of a
+// moment it held a few rows, asked "card_id IN (…64 ids…)" PostgreSQL
+// read every row of the table for each place batch. The plan is the
+// planner's own choice here (the table is large enough that it has one
+// to make).
+func TestPlaceTakesCardsOffSaleByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const batch, backlog = 64, 20000
+	db := dbtest.Open(t, dbtest.Postgres)
+	if _, err := db.ExecContext(ctx, "ALTER TABLE card_for_sale SET (autovacuum_enabled = false)"); err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, db, domain.Config{})
+	p := b.product(t, 100, 5) // the import analyzes card_for_sale: 5 rows
+	// The backlog: cards recycled since (card_for_sale names no card by a
+	// foreign key).
+	const first = 1_000_000
+	if _, err := db.ExecContext(ctx, `INSERT INTO card_for_sale (product_id, card_id)
+		SELECT ?, ? + g FROM generate_series(1, ?) AS g`, p.ID, first, backlog); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int64, batch)
+	for i := range ids {
+		ids[i] = first + 1 + int64(i)*(backlog/batch)
+	}
+	q := domain.TakeOffSaleForTest(db, p.ID, ids)
+	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*batch {
+		t.Errorf("a step reads %d rows to take %d cards off sale: %s\nof %s", worst, batch, plan, q)
+	}
+	var left int
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.NewSelect().TableExpr("card_for_sale").ColumnExpr("count(*)").Scan(ctx, &left); err != nil || left != 5+backlog-batch {
+		t.Fatalf("%d rows of card_for_sale left of %d, %d taken off sale: %v", left, 5+backlog, batch, err)
+	}
+}
+
 // mostRowsRead runs q under EXPLAIN ANALYZE in a transaction it rolls back
 // (emptied of recorded notifications first; with forceIndexes, sequential
 // scans off) and returns the most rows any step of the plan read
