@@ -323,6 +323,66 @@ func TestPlaceTakesCardsOffSaleByKey(t *testing.T) {
 	}
 }
 
+// TestFanOutReadsNoDeliveryBacklog: a fan-out's new deliveries are known
+// without reading the deliveries of other events, however many PENDING
+// ones a receiver that is down has left and whatever the statistics say.
+// Read back by "event_id IN (…) AND status = PENDING", with statistics
+// of a moment every delivery was DELIVERED, PostgreSQL read every PENDING
+// delivery for each page of events.
+func TestFanOutReadsNoDeliveryBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const page, backlog = 100, 20000
+	log := &queryLog{got: map[string]string{}, match: []string{`FROM "webhook_delivery"`}}
+	db := dbtest.Open(t, dbtest.Postgres)
+	if _, err := db.ExecContext(ctx, "ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)"); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(q string) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	h := b.hooks(domain.WebhookConfig{})
+	e, _ := b.endpoint(t, h, "http://127.0.0.1:1/hook", false, domain.EventOrderPaid)
+	// Events fanned out before, with their deliveries: n of them in status.
+	deliveries := func(n int, status domain.DeliveryStatus) {
+		t.Helper()
+		exec(fmt.Sprintf(`WITH e AS (INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
+			SELECT '%s', 'order:old', CURRENT_TIMESTAMP, '{}', TRUE FROM generate_series(1, %d) RETURNING id)
+			INSERT INTO webhook_delivery (event_id, endpoint_id, status, attempts, next_attempt_at, last_status, last_latency_ms,
+				last_error, response_snippet, created_at, updated_at)
+			SELECT id, %d, '%s', 0, CURRENT_TIMESTAMP, 0, 0, '', '', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP FROM e`,
+			domain.EventOrderPaid, n, e.ID, status))
+	}
+	deliveries(5, domain.DeliveryDelivered)
+	exec("ANALYZE webhook_delivery")            // the statistics of a quiet moment
+	deliveries(backlog, domain.DeliveryPending) // the receiver went down
+	exec(fmt.Sprintf(`INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
+		SELECT '%s', 'order:new', CURRENT_TIMESTAMP, '{}', FALSE FROM generate_series(1, %d)`, domain.EventOrderPaid, page))
+	ds, taken, err := h.FanOut(ctx, page)
+	if err != nil || taken != page || len(ds) != page {
+		t.Fatalf("FanOut took %d events, made %d deliveries, want %d each: %v", taken, len(ds), page, err)
+	}
+	if q := log.got[`FROM "webhook_delivery"`]; q != "" {
+		if worst, plan := mostRowsRead(t, db, q, false); worst > 2*page {
+			t.Errorf("a step reads %d rows for a page of %d events: %s\nof %s", worst, page, plan, q)
+		}
+	}
+	ids := make([]int64, len(ds))
+	for i, d := range ds {
+		ids[i] = d.ID
+	}
+	var made int
+	if err := db.NewSelect().TableExpr("webhook_delivery AS d").Join("JOIN events AS e ON e.id = d.event_id").
+		Where("d.id IN (?)", bun.List(ids)).Where("d.status = ?", domain.DeliveryPending).Where("e.subject = 'order:new'").
+		ColumnExpr("count(DISTINCT d.id)").Scan(ctx, &made); err != nil || made != page {
+		t.Fatalf("%d of the %d deliveries returned are the new events' PENDING ones: %v", made, page, err)
+	}
+}
+
 // mostRowsRead runs q under EXPLAIN ANALYZE in a transaction it rolls back
 // (emptied of recorded notifications first; with forceIndexes, sequential
 // scans off) and returns the most rows any step of the plan read

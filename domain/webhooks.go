@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
 
 	"kami/domain/webhook"
 )
@@ -544,6 +545,17 @@ func (h *Webhooks) FanOut(ctx context.Context, limit int) ([]DeliveryDue, int, e
 			}
 		}
 		if len(ds) == 0 {
+			return nil
+		}
+		if dialectName(tx) != dialect.MySQL {
+			// PostgreSQL and SQLite return the new rows' ids (RETURNING),
+			// which bun has set in ds. Read back by their events instead,
+			// on PostgreSQL with statistics from before a receiver went
+			// down (deliveries all DELIVERED), the planner read every
+			// PENDING delivery, the backlog, for each page of events.
+			for _, d := range ds {
+				out = append(out, DeliveryDue{ID: d.ID, Due: d.NextAttemptAt})
+			}
 			return nil
 		}
 		// The ids, read back: MySQL does not return a bulk insert's.
