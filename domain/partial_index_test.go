@@ -231,10 +231,7 @@ func TestCloseLeavesPendingByNumber(t *testing.T) {
 	ctx := context.Background()
 	const batch, backlog = 100, 20000
 	log := &queryLog{got: map[string]string{}, match: []string{"RECYCLED"}}
-	db := dbtest.Open(t, dbtest.Postgres)
-	if _, err := db.ExecContext(ctx, "ALTER TABLE pending_order SET (autovacuum_enabled = false)"); err != nil {
-		t.Fatal(err)
-	}
+	db := unanalyzed(t, "pending_order")
 	b := setup(t, db.WithQueryHook(log), domain.Config{MaxPendingPerAddress: batch})
 	p := b.product(t, 100, batch)
 	var nos []string
@@ -288,10 +285,7 @@ func TestPlaceTakesCardsOffSaleByKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	const batch, backlog = 64, 20000
-	db := dbtest.Open(t, dbtest.Postgres)
-	if _, err := db.ExecContext(ctx, "ALTER TABLE card_for_sale SET (autovacuum_enabled = false)"); err != nil {
-		t.Fatal(err)
-	}
+	db := unanalyzed(t, "card_for_sale")
 	b := setup(t, db, domain.Config{})
 	p := b.product(t, 100, 5) // the import analyzes card_for_sale: 5 rows
 	// The backlog: cards recycled since (card_for_sale names no card by a
@@ -334,10 +328,7 @@ func TestFanOutReadsNoDeliveryBacklog(t *testing.T) {
 	ctx := context.Background()
 	const page, backlog = 100, 20000
 	log := &queryLog{got: map[string]string{}, match: []string{`FROM "webhook_delivery"`}}
-	db := dbtest.Open(t, dbtest.Postgres)
-	if _, err := db.ExecContext(ctx, "ALTER TABLE webhook_delivery SET (autovacuum_enabled = false)"); err != nil {
-		t.Fatal(err)
-	}
+	db := unanalyzed(t, "webhook_delivery")
 	exec := func(q string) {
 		t.Helper()
 		if _, err := db.ExecContext(ctx, q); err != nil {
@@ -347,19 +338,10 @@ func TestFanOutReadsNoDeliveryBacklog(t *testing.T) {
 	b := setup(t, db.WithQueryHook(log), domain.Config{})
 	h := b.hooks(domain.WebhookConfig{})
 	e, _ := b.endpoint(t, h, "http://127.0.0.1:1/hook", false, domain.EventOrderPaid)
-	// Events fanned out before, with their deliveries: n of them in status.
-	deliveries := func(n int, status domain.DeliveryStatus) {
-		t.Helper()
-		exec(fmt.Sprintf(`WITH e AS (INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
-			SELECT '%s', 'order:old', CURRENT_TIMESTAMP, '{}', TRUE FROM generate_series(1, %d) RETURNING id)
-			INSERT INTO webhook_delivery (event_id, endpoint_id, status, attempts, next_attempt_at, last_status, last_latency_ms,
-				last_error, response_snippet, created_at, updated_at)
-			SELECT id, %d, '%s', 0, CURRENT_TIMESTAMP, 0, 0, '', '', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP FROM e`,
-			domain.EventOrderPaid, n, e.ID, status))
-	}
-	deliveries(5, domain.DeliveryDelivered)
-	exec("ANALYZE webhook_delivery")            // the statistics of a quiet moment
-	deliveries(backlog, domain.DeliveryPending) // the receiver went down
+	// The statistics of a quiet moment, then a receiver that went down.
+	pastDeliveries(t, db, e.ID, 5, domain.DeliveryDelivered)
+	exec("ANALYZE webhook_delivery")
+	pastDeliveries(t, db, e.ID, backlog, domain.DeliveryPending)
 	exec(fmt.Sprintf(`INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
 		SELECT '%s', 'order:new', CURRENT_TIMESTAMP, '{}', FALSE FROM generate_series(1, %d)`, domain.EventOrderPaid, page))
 	ds, taken, err := h.FanOut(ctx, page)
@@ -380,6 +362,73 @@ func TestFanOutReadsNoDeliveryBacklog(t *testing.T) {
 		Where("d.id IN (?)", bun.List(ids)).Where("d.status = ?", domain.DeliveryPending).Where("e.subject = 'order:new'").
 		ColumnExpr("count(DISTINCT d.id)").Scan(ctx, &made); err != nil || made != page {
 		t.Fatalf("%d of the %d deliveries returned are the new events' PENDING ones: %v", made, page, err)
+	}
+}
+
+// TestDeliveryEndpointsByKey: the delivery workers look their claimed
+// deliveries up one probe of the key each, however many deliveries the
+// table holds and whatever its statistics say. A claim that walks a
+// lane's backlog names 500; asked "id IN (…500…)" with the statistics of
+// a moment the table held a few, PostgreSQL read every delivery.
+func TestDeliveryEndpointsByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const claim, backlog = 500, 20000
+	log := &queryLog{got: map[string]string{}, match: []string{"webhook_delivery"}}
+	db := unanalyzed(t, "webhook_delivery")
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	h := b.hooks(domain.WebhookConfig{})
+	e, _ := b.endpoint(t, h, "http://127.0.0.1:1/hook", false, domain.EventOrderPaid)
+	pastDeliveries(t, db, e.ID, 5, domain.DeliveryPending)
+	if _, err := db.ExecContext(ctx, "ANALYZE webhook_delivery"); err != nil { // the statistics of a quiet moment
+		t.Fatal(err)
+	}
+	pastDeliveries(t, db, e.ID, backlog, domain.DeliveryPending)
+	var ids []int64
+	if err := db.NewSelect().TableExpr("webhook_delivery").Column("id").OrderExpr("id DESC").Limit(claim).Scan(ctx, &ids); err != nil {
+		t.Fatal(err)
+	}
+	log.got = map[string]string{}
+	got, err := h.DeliveryEndpoints(ctx, append(ids, -1))
+	if err != nil || len(got) != claim {
+		t.Fatalf("%d of %d deliveries found: %v", len(got), claim, err)
+	}
+	for _, id := range ids {
+		if got[id] != e.ID {
+			t.Fatalf("delivery %d: endpoint %d, want %d", id, got[id], e.ID)
+		}
+	}
+	q := log.got["webhook_delivery"]
+	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*claim {
+		t.Errorf("a step reads %d rows for a claim of %d deliveries: %s\nof %s", worst, claim, plan, q)
+	}
+}
+
+// unanalyzed opens a PostgreSQL database whose tables are autovacuumed
+// (and analyzed) only by the test: their statistics stay those of the
+// moment it analyzes them.
+func unanalyzed(t *testing.T, tables ...string) *bun.DB {
+	t.Helper()
+	db := dbtest.Open(t, dbtest.Postgres)
+	for _, table := range tables {
+		if _, err := db.ExecContext(context.Background(), "ALTER TABLE "+table+" SET (autovacuum_enabled = false)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return db
+}
+
+// pastDeliveries inserts n events fanned out before, each with its
+// delivery to endpoint in status.
+func pastDeliveries(t *testing.T, db *bun.DB, endpoint int64, n int, status domain.DeliveryStatus) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), `WITH e AS (INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
+		SELECT ?, 'order:old', CURRENT_TIMESTAMP, '{}', TRUE FROM generate_series(1, ?) RETURNING id)
+		INSERT INTO webhook_delivery (event_id, endpoint_id, status, attempts, next_attempt_at, last_status, last_latency_ms,
+			last_error, response_snippet, created_at, updated_at)
+		SELECT id, ?, ?, 0, CURRENT_TIMESTAMP, 0, 0, '', '', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP FROM e`,
+		domain.EventOrderPaid, n, endpoint, status); err != nil {
+		t.Fatal(err)
 	}
 }
 
