@@ -65,3 +65,9 @@ func SetOutboxForTest(on bool) { outboxOff.Store(!on) }
 func (l *Ledger) PendingOfForTest(ctx context.Context, nos []string) ([]Order, time.Time, error) {
 	return l.pendingOf(ctx, nos, true)
 }
+
+// TakeOffSaleForTest is the statement that takes ids, cards of product,
+// off sale, as the place and the recall send it.
+func TakeOffSaleForTest(db bun.IDB, productID int64, ids []int64) string {
+	return takeOffSale(db, productID, ids).(interface{ String() string }).String()
+}

@@ -70,6 +70,13 @@ func pickCards(ctx context.Context, tx bun.Tx, productID int64, n int) (ids []in
 
 // takeOffSale deletes the rows of card_for_sale of ids, cards of product.
 //
+// On PostgreSQL each row is found by one probe of the key and deleted by
+// its place (deleteProbedPG): card_for_sale's statistics may be of a
+// moment it held a few rows (an import analyzes it; a backlog of closes
+// that recycles thousands of cards does not), and asked "card_id IN
+// (…64 ids…)" the planner then read every row of the table for each
+// place batch.
+//
 // On MySQL/MariaDB the DELETE is ordered by the key and limited to as many
 // rows as it names: so planned, MariaDB reads just those rows on the key.
 // Left to choose, for a few rows of a small table it reads the whole
@@ -78,7 +85,10 @@ func pickCards(ctx context.Context, tx bun.Tx, productID int64, n int) (ids []in
 // picked and not yet committed, of any product
 // (TestUncertainCommitLookupLocksOnlyItsCards).
 func takeOffSale(db bun.IDB, productID int64, ids []int64) writeQuery {
-	if dialectName(db) == dialect.MySQL {
+	switch dialectName(db) {
+	case dialect.PG:
+		return deleteProbedPG(db, "card_for_sale", "bigint[]", ids, "product_id = ? AND card_id = u.v", productID)
+	case dialect.MySQL:
 		return db.NewRaw("DELETE FROM card_for_sale WHERE product_id = ? AND card_id IN (?) ORDER BY card_id LIMIT ?",
 			productID, bun.List(ids), len(ids))
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
-	"github.com/uptrace/bun/dialect/pgdialect"
 )
 
 // notFound turns sql.ErrNoRows into NOT_FOUND and passes other errors on.
@@ -1138,10 +1137,7 @@ func pendingOrderOf(o *Order) PendingOrder {
 func leavePending(tx bun.IDB, nos []string) writeQuery {
 	switch dialectName(tx) {
 	case dialect.PG:
-		return tx.NewRaw(`DELETE FROM pending_order WHERE ctid = ANY(ARRAY(
-			SELECT p.ctid FROM unnest(?::text[]) AS u(no)
-			CROSS JOIN LATERAL (SELECT ctid FROM pending_order WHERE order_no = u.no OFFSET 0) AS p))
-			RETURNING 1`, pgdialect.Array(nos))
+		return deleteProbedPG(tx, "pending_order", "text[]", nos, "order_no = u.v")
 	case dialect.MySQL:
 		return tx.NewRaw("DELETE p FROM orders AS o FORCE INDEX (?) STRAIGHT_JOIN pending_order AS p ON p.order_no = o.order_no"+
 			" WHERE o.order_no IN (?)", bun.Ident(nameIndexMySQL[[2]string{tableOrders, "order_no"}]), bun.List(nos))

@@ -231,10 +231,7 @@ func TestCloseLeavesPendingByNumber(t *testing.T) {
 	ctx := context.Background()
 	const batch, backlog = 100, 20000
 	log := &queryLog{got: map[string]string{}, match: []string{"RECYCLED"}}
-	db := dbtest.Open(t, dbtest.Postgres)
-	if _, err := db.ExecContext(ctx, "ALTER TABLE pending_order SET (autovacuum_enabled = false)"); err != nil {
-		t.Fatal(err)
-	}
+	db := unanalyzed(t, "pending_order")
 	b := setup(t, db.WithQueryHook(log), domain.Config{MaxPendingPerAddress: batch})
 	p := b.product(t, 100, batch)
 	var nos []string
@@ -272,6 +269,165 @@ func TestCloseLeavesPendingByNumber(t *testing.T) {
 		t.Fatalf("%d rows of the closed orders left in pending_order: %v", left, err)
 	}
 	if _, err := db.ExecContext(ctx, "DELETE FROM pending_order WHERE order_no LIKE 'backlog-%'"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPlaceTakesCardsOffSaleByKey: the place deletes its cards' rows of
+// card_for_sale one probe of the key each, whatever the statistics say.
+// An import analyzes card_for_sale; a backlog of closes that recycles
+// thousands of cards into it does not, and with the statistics of a
+// moment it held a few rows, asked "card_id IN (…64 ids…)" PostgreSQL
+// read every row of the table for each place batch. The plan is the
+// planner's own choice here (the table is large enough that it has one
+// to make).
+func TestPlaceTakesCardsOffSaleByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const batch, backlog = 64, 20000
+	db := unanalyzed(t, "card_for_sale")
+	b := setup(t, db, domain.Config{})
+	p := b.product(t, 100, 5) // the import analyzes card_for_sale: 5 rows
+	// The backlog: cards recycled since (card_for_sale names no card by a
+	// foreign key).
+	const first = 1_000_000
+	if _, err := db.ExecContext(ctx, `INSERT INTO card_for_sale (product_id, card_id)
+		SELECT ?, ? + g FROM generate_series(1, ?) AS g`, p.ID, first, backlog); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int64, batch)
+	for i := range ids {
+		ids[i] = first + 1 + int64(i)*(backlog/batch)
+	}
+	q := domain.TakeOffSaleForTest(db, p.ID, ids)
+	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*batch {
+		t.Errorf("a step reads %d rows to take %d cards off sale: %s\nof %s", worst, batch, plan, q)
+	}
+	var left int
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.NewSelect().TableExpr("card_for_sale").ColumnExpr("count(*)").Scan(ctx, &left); err != nil || left != 5+backlog-batch {
+		t.Fatalf("%d rows of card_for_sale left of %d, %d taken off sale: %v", left, 5+backlog, batch, err)
+	}
+}
+
+// TestFanOutReadsNoDeliveryBacklog: a fan-out's new deliveries are known
+// without reading the deliveries of other events, however many PENDING
+// ones a receiver that is down has left and whatever the statistics say.
+// Read back by "event_id IN (…) AND status = PENDING", with statistics
+// of a moment every delivery was DELIVERED, PostgreSQL read every PENDING
+// delivery for each page of events.
+func TestFanOutReadsNoDeliveryBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const page, backlog = 100, 20000
+	log := &queryLog{got: map[string]string{}, match: []string{`FROM "webhook_delivery"`}}
+	db := unanalyzed(t, "webhook_delivery")
+	exec := func(q string) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	h := b.hooks(domain.WebhookConfig{})
+	e, _ := b.endpoint(t, h, "http://127.0.0.1:1/hook", false, domain.EventOrderPaid)
+	// The statistics of a quiet moment, then a receiver that went down.
+	pastDeliveries(t, db, e.ID, 5, domain.DeliveryDelivered)
+	exec("ANALYZE webhook_delivery")
+	pastDeliveries(t, db, e.ID, backlog, domain.DeliveryPending)
+	exec(fmt.Sprintf(`INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
+		SELECT '%s', 'order:new', CURRENT_TIMESTAMP, '{}', FALSE FROM generate_series(1, %d)`, domain.EventOrderPaid, page))
+	ds, taken, err := h.FanOut(ctx, page)
+	if err != nil || taken != page || len(ds) != page {
+		t.Fatalf("FanOut took %d events, made %d deliveries, want %d each: %v", taken, len(ds), page, err)
+	}
+	if q := log.got[`FROM "webhook_delivery"`]; q != "" {
+		if worst, plan := mostRowsRead(t, db, q, false); worst > 2*page {
+			t.Errorf("a step reads %d rows for a page of %d events: %s\nof %s", worst, page, plan, q)
+		}
+	}
+	ids := make([]int64, len(ds))
+	for i, d := range ds {
+		ids[i] = d.ID
+	}
+	var made int
+	if err := db.NewSelect().TableExpr("webhook_delivery AS d").Join("JOIN events AS e ON e.id = d.event_id").
+		Where("d.id IN (?)", bun.List(ids)).Where("d.status = ?", domain.DeliveryPending).Where("e.subject = 'order:new'").
+		ColumnExpr("count(DISTINCT d.id)").Scan(ctx, &made); err != nil || made != page {
+		t.Fatalf("%d of the %d deliveries returned are the new events' PENDING ones: %v", made, page, err)
+	}
+}
+
+// TestDeliveryEndpointsByKey: the delivery workers look their claimed
+// deliveries up one probe of the key each, however many deliveries the
+// table holds and whatever its statistics say. A claim that walks a
+// lane's backlog names 500; asked "id IN (…500…)" with the statistics of
+// a moment the table held a few, PostgreSQL read every delivery.
+func TestDeliveryEndpointsByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const claim, backlog = 500, 20000
+	log := &queryLog{got: map[string]string{}, match: []string{"webhook_delivery"}}
+	db := unanalyzed(t, "webhook_delivery")
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	h := b.hooks(domain.WebhookConfig{})
+	e, _ := b.endpoint(t, h, "http://127.0.0.1:1/hook", false, domain.EventOrderPaid)
+	pastDeliveries(t, db, e.ID, 5, domain.DeliveryPending)
+	if _, err := db.ExecContext(ctx, "ANALYZE webhook_delivery"); err != nil { // the statistics of a quiet moment
+		t.Fatal(err)
+	}
+	pastDeliveries(t, db, e.ID, backlog, domain.DeliveryPending)
+	var ids []int64
+	if err := db.NewSelect().TableExpr("webhook_delivery").Column("id").OrderExpr("id DESC").Limit(claim).Scan(ctx, &ids); err != nil {
+		t.Fatal(err)
+	}
+	log.got = map[string]string{}
+	got, err := h.DeliveryEndpoints(ctx, append(ids, -1))
+	if err != nil || len(got) != claim {
+		t.Fatalf("%d of %d deliveries found: %v", len(got), claim, err)
+	}
+	for _, id := range ids {
+		if got[id] != e.ID {
+			t.Fatalf("delivery %d: endpoint %d, want %d", id, got[id], e.ID)
+		}
+	}
+	q := log.got["webhook_delivery"]
+	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*claim {
+		t.Errorf("a step reads %d rows for a claim of %d deliveries: %s\nof %s", worst, claim, plan, q)
+	}
+}
+
+// unanalyzed opens a PostgreSQL database whose tables are autovacuumed
+// (and analyzed) only by the test: their statistics stay those of the
+// moment it analyzes them.
+func unanalyzed(t *testing.T, tables ...string) *bun.DB {
+	t.Helper()
+	db := dbtest.Open(t, dbtest.Postgres)
+	for _, table := range tables {
+		if _, err := db.ExecContext(context.Background(), "ALTER TABLE "+table+" SET (autovacuum_enabled = false)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return db
+}
+
+// pastDeliveries inserts n events fanned out before, each with its
+// delivery to endpoint in status.
+func pastDeliveries(t *testing.T, db *bun.DB, endpoint int64, n int, status domain.DeliveryStatus) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), `WITH e AS (INSERT INTO events (type, subject, occurred_at, payload, fanned_out)
+		SELECT ?, 'order:old', CURRENT_TIMESTAMP, '{}', TRUE FROM generate_series(1, ?) RETURNING id)
+		INSERT INTO webhook_delivery (event_id, endpoint_id, status, attempts, next_attempt_at, last_status, last_latency_ms,
+			last_error, response_snippet, created_at, updated_at)
+		SELECT id, ?, ?, 0, CURRENT_TIMESTAMP, 0, 0, '', '', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP FROM e`,
+		domain.EventOrderPaid, n, endpoint, status); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
 
 	"kami/domain/webhook"
 )
@@ -546,6 +548,17 @@ func (h *Webhooks) FanOut(ctx context.Context, limit int) ([]DeliveryDue, int, e
 		if len(ds) == 0 {
 			return nil
 		}
+		if dialectName(tx) != dialect.MySQL {
+			// PostgreSQL and SQLite return the new rows' ids (RETURNING),
+			// which bun has set in ds. Read back by their events instead,
+			// on PostgreSQL with statistics from before a receiver went
+			// down (deliveries all DELIVERED), the planner read every
+			// PENDING delivery, the backlog, for each page of events.
+			for _, d := range ds {
+				out = append(out, DeliveryDue{ID: d.ID, Due: d.NextAttemptAt})
+			}
+			return nil
+		}
 		// The ids, read back: MySQL does not return a bulk insert's.
 		var rows []WebhookDelivery
 		if err := tx.NewSelect().Model(&rows).Column("id", "next_attempt_at").
@@ -634,7 +647,17 @@ func (h *Webhooks) DeliveryEndpoints(ctx context.Context, ids []int64) (map[int6
 		return out, nil
 	}
 	var rows []WebhookDelivery
-	if err := h.Ledger.db.NewSelect().Model(&rows).Column("id", "endpoint_id").Where("id IN (?)", bun.List(ids)).Scan(ctx); err != nil {
+	db := h.Ledger.db
+	q := db.NewSelect().Model((*WebhookDelivery)(nil)).Column("id", "endpoint_id").Where("id IN (?)", bun.List(ids))
+	if dialectName(db) == dialect.PG {
+		// One probe of the key each (OFFSET 0 keeps the probe a
+		// subquery): a claim that walks a lane's backlog names 500, and
+		// asked "id IN (…500…)" with statistics of a moment the table
+		// held a few deliveries, the planner read all of them.
+		q = db.NewSelect().ColumnExpr("d.id, d.endpoint_id").TableExpr(`unnest(?::bigint[]) AS u(v) CROSS JOIN LATERAL
+			(SELECT id, endpoint_id FROM webhook_delivery WHERE id = u.v OFFSET 0) AS d`, pgdialect.Array(ids))
+	}
+	if err := q.Scan(ctx, &rows); err != nil {
 		return nil, err
 	}
 	for _, d := range rows {

@@ -19,6 +19,26 @@ type writeQuery interface {
 	Exec(ctx context.Context, dest ...any) (sql.Result, error)
 }
 
+// deleteProbedPG is, on PostgreSQL, a DELETE of the rows of table that
+// match cond (on the table's columns and u.v, one of values, an array of
+// type array; args are cond's parameters), each found by one probe of
+// the index cond names and deleted by its place (ctid), RETURNING 1 for
+// writeAll's count. Asked as "column IN (…list…)", the planner weighs
+// the list against the rows its statistics say the table holds: those
+// of a table that churns (pending_order, card_for_sale) may be of a
+// moment it held a few rows, when it holds tens of thousands now, and it
+// compares every row with the list. The probe is a subquery (OFFSET 0),
+// run once per value, which no plan of the table can replace. The place
+// and the delete see the statement's snapshot: a row is never updated,
+// so a place found is the row deleted, or skipped if another transaction
+// deleted it meanwhile, as the IN list's DELETE would.
+func deleteProbedPG(db bun.IDB, table, array string, values any, cond string, args ...any) *bun.RawQuery {
+	return db.NewRaw(`DELETE FROM ? WHERE ctid = ANY(ARRAY(
+			SELECT p.ctid FROM unnest(?::`+array+`) AS u(v)
+			CROSS JOIN LATERAL (SELECT ctid FROM ? WHERE `+cond+` OFFSET 0) AS p))
+			RETURNING 1`, append([]any{bun.Ident(table), pgdialect.Array(values), bun.Ident(table)}, args...)...)
+}
+
 // writeAll runs writes of one transaction that need nothing from one
 // another's results, in the order given, and returns the rows each one
 // changed. It is how a group-committed batch writes its orders, cards,
