@@ -201,25 +201,34 @@ func (l *Ledger) importTx(ctx context.Context, productID int64, fn func(context.
 		}
 		return fn(ctx, tx)
 	})
-	if err == nil && dialectName(l.db) == dialect.PG {
+	if err == nil {
 		// The pick reads card_for_sale by its key only when PostgreSQL's
 		// statistics know how many rows a product has (see pickCards);
 		// an import is what changes that most, and the autovacuum's
-		// analysis of a table just filled may come minutes later. A few
-		// milliseconds (a sample of the narrow table); its failure only
-		// leaves that to the autovacuum. The import is committed: it does
-		// not wait more than a moment for a lock that conflicts with the
-		// analysis (a VACUUM, an anti-wraparound autovacuum, another
-		// import's ANALYZE, a CREATE INDEX), which might be held for hours.
-		_ = conn.RunInTx(context.WithoutCancel(ctx), nil, func(ctx context.Context, tx bun.Tx) error {
-			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '1s'"); err != nil {
-				return err
-			}
-			_, err := tx.ExecContext(ctx, "ANALYZE card_for_sale")
-			return err
-		})
+		// analysis of a table just filled may come minutes later. The
+		// import is committed.
+		l.analyzeBriefly(context.WithoutCancel(ctx), "card_for_sale")
 	}
 	return err
+}
+
+// analyzeBriefly has PostgreSQL analyze table now (elsewhere it does
+// nothing): a few milliseconds, a sample of its rows. Its failure only
+// leaves the analysis to the autovacuum, which may come minutes later.
+// It waits no more than a moment for a lock that conflicts with the
+// analysis (a VACUUM, an anti-wraparound autovacuum, another ANALYZE, a
+// CREATE INDEX), which might be held for hours.
+func (l *Ledger) analyzeBriefly(ctx context.Context, table string) {
+	if dialectName(l.db) != dialect.PG {
+		return
+	}
+	_ = l.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '1s'"); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, "ANALYZE ?", bun.Ident(table))
+		return err
+	})
 }
 
 // importLockWait bounds how long an import waits for another into the

@@ -572,3 +572,51 @@ func execEach(ctx context.Context, tx bun.Tx, stmts ...string) error {
 	}
 	return nil
 }
+
+// TestPendingWalkReadsEachPageOnTheIndex: the sweeper's and the
+// reconciliation's walk through the PENDING orders reads each page on
+// pending_order's index of due times, even when the table's statistics
+// are of a quiet moment and a backlog (Redis down, a restart) has grown it
+// since: read so, PostgreSQL read and sorted every PENDING order for each
+// page of 500, a walk of n orders reading n²/500 rows. The plan is the
+// planner's own (the table is large enough that it has one to make).
+func TestPendingWalkReadsEachPageOnTheIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const page, backlog = 500, 20000
+	log := &queryLog{got: map[string]string{}, match: []string{"ORDER BY expires_at, order_no"}}
+	db := unanalyzed(t, "pending_order")
+	b := setup(t, db.WithQueryHook(log), domain.Config{})
+	p := b.product(t, 100, 0)
+	pending := func(from, n int) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, `INSERT INTO pending_order (order_no, product_id, quantity, contact, client_addr, expires_at)
+			SELECT 'walk-' || lpad(g::text, 6, '0'), ?, 1, 'walk@example.com', '10.8.8.8', TIMESTAMPTZ '2026-11-29 12:00:00+00' + g * INTERVAL '1 second'
+			FROM generate_series(?, ?) AS g`, p.ID, from, from+n-1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending(1, 5)
+	if _, err := db.ExecContext(ctx, "ANALYZE pending_order"); err != nil { // a quiet moment
+		t.Fatal(err)
+	}
+	pending(6, backlog-5)
+	t.Cleanup(func() { db.ExecContext(context.Background(), "DELETE FROM pending_order WHERE order_no LIKE 'walk-%'") })
+
+	var walked []string
+	if err := b.ledger.PendingPages(ctx, time.Time{}, page, func(ps []domain.PendingOrder) (bool, error) {
+		for _, o := range ps {
+			walked = append(walked, o.OrderNo)
+		}
+		return len(walked) < 3*page, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(walked) != 3*page || !slices.IsSorted(walked) || walked[0] != "walk-000001" {
+		t.Fatalf("walked %d orders (first %v), not the first three pages in due order", len(walked), walked[:min(1, len(walked))])
+	}
+	q := log.got["ORDER BY expires_at, order_no"]
+	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*page {
+		t.Errorf("a step reads %d rows for a page of %d: %s\nof %s", worst, page, plan, q)
+	}
+}

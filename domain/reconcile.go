@@ -150,31 +150,23 @@ func (r *Reconciler) run(ctx context.Context) (*ReconcileRun, error) {
 
 	// Stragglers: overdue PENDING orders the queue never closed.
 	cutoff := run.StartedAt.Add(-stragglerAge)
-	var after PendingOrder
-	for {
-		page, err := l.PendingOrders(ctx, after, cutoff, 500)
-		if err != nil {
-			fail("stragglers", err)
-			break
-		}
-		if len(page) == 0 {
-			break
-		}
+	if err := l.PendingPages(ctx, cutoff, 500, func(page []PendingOrder) (bool, error) {
 		nos := make([]string, len(page))
 		for i, o := range page {
 			nos[i] = o.OrderNo
 		}
 		rs, err := r.Shop.CloseOrders(ctx, nos, CloseTimeout)
 		if err != nil {
-			fail("stragglers", err)
-			break
+			return false, err
 		}
 		for _, res := range rs {
 			if res.Outcome == Closed {
 				run.ClosedStragglers++
 			}
 		}
-		after = page[len(page)-1]
+		return true, nil
+	}); err != nil {
+		fail("stragglers", err)
 	}
 	if run.ClosedStragglers > 0 {
 		r.alert(ctx, Alert{Kind: "stragglers", Subject: "reconcile",

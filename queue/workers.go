@@ -548,13 +548,8 @@ func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 	}
 	now := w.cfg.Now()
-	var after domain.PendingOrder
-	var redisErr error
-	for {
-		page, err := w.ledger.PendingOrders(ctx, after, time.Time{}, w.cfg.SweepPage)
-		if err != nil {
-			return res, fmt.Errorf("pending orders: %w", err)
-		}
+	var redisErr, closeErr error
+	err := w.ledger.PendingPages(ctx, time.Time{}, w.cfg.SweepPage, func(page []domain.PendingOrder) (bool, error) {
 		res.Pending += len(page)
 		if redisErr == nil {
 			items := make([]Item, len(page))
@@ -565,36 +560,38 @@ func (w *Workers) Sweep(ctx context.Context) (SweepResult, error) {
 			res.Scheduled += n
 			redisErr = err
 		}
-		if redisErr != nil {
-			// Redis is down: close the overdue ones ourselves. Pages come
-			// in expires_at order, so the first not-due order ends it.
-			var due []string
-			for _, o := range page {
-				if !o.ExpiresAt.After(now) {
-					due = append(due, o.OrderNo)
-				}
-			}
-			if len(due) > 0 {
-				rs, err := w.shop.CloseOrders(ctx, due, domain.CloseTimeout)
-				if err != nil {
-					return res, fmt.Errorf("close overdue orders: %w", err)
-				}
-				for _, r := range rs {
-					if r.Outcome == domain.Closed {
-						res.ClosedDirect++
-						w.c.closed.Add(1)
-						w.observe(w.cfg.Now().Sub(r.ExpiresAt))
-					}
-				}
-			}
-			if len(due) < len(page) {
-				break
+		if redisErr == nil {
+			return true, nil
+		}
+		// Redis is down: close the overdue ones ourselves. Pages come in
+		// expires_at order, so the first not-due order ends it.
+		var due []string
+		for _, o := range page {
+			if !o.ExpiresAt.After(now) {
+				due = append(due, o.OrderNo)
 			}
 		}
-		if len(page) < w.cfg.SweepPage || ctx.Err() != nil {
-			break
+		if len(due) > 0 {
+			rs, err := w.shop.CloseOrders(ctx, due, domain.CloseTimeout)
+			if err != nil {
+				closeErr = err
+				return false, nil
+			}
+			for _, r := range rs {
+				if r.Outcome == domain.Closed {
+					res.ClosedDirect++
+					w.c.closed.Add(1)
+					w.observe(w.cfg.Now().Sub(r.ExpiresAt))
+				}
+			}
 		}
-		after = page[len(page)-1]
+		return len(due) == len(page), nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("pending orders: %w", err)
+	}
+	if closeErr != nil {
+		return res, fmt.Errorf("close overdue orders: %w", closeErr)
 	}
 	w.c.lastSweepRows.Store(int64(res.Pending))
 	w.c.swept.Add(int64(res.Scheduled))
