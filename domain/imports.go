@@ -206,23 +206,24 @@ func (l *Ledger) importTx(ctx context.Context, productID int64, fn func(context.
 		// statistics know how many rows a product has (see pickCards);
 		// an import is what changes that most, and the autovacuum's
 		// analysis of a table just filled may come minutes later. The
-		// import is committed.
-		l.analyzeBriefly(context.WithoutCancel(ctx), "card_for_sale")
+		// import is committed. On the import's own connection: one from
+		// the pool could wait for a free one while this one is held.
+		analyzeBriefly(context.WithoutCancel(ctx), conn, "card_for_sale")
 	}
 	return err
 }
 
-// analyzeBriefly has PostgreSQL analyze table now (elsewhere it does
-// nothing): a few milliseconds, a sample of its rows. Its failure only
-// leaves the analysis to the autovacuum, which may come minutes later.
-// It waits no more than a moment for a lock that conflicts with the
-// analysis (a VACUUM, an anti-wraparound autovacuum, another ANALYZE, a
-// CREATE INDEX), which might be held for hours.
-func (l *Ledger) analyzeBriefly(ctx context.Context, table string) {
-	if dialectName(l.db) != dialect.PG {
+// analyzeBriefly has PostgreSQL analyze table now, through db (elsewhere
+// it does nothing): a few milliseconds, a sample of its rows. Its failure
+// only leaves the analysis to the autovacuum, which may come minutes
+// later. It waits no more than a moment for a lock that conflicts with
+// the analysis (a VACUUM, an anti-wraparound autovacuum, another ANALYZE,
+// a CREATE INDEX), which might be held for hours.
+func analyzeBriefly(ctx context.Context, db bun.IDB, table string) {
+	if dialectName(db) != dialect.PG {
 		return
 	}
-	_ = l.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+	_ = db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '1s'"); err != nil {
 			return err
 		}

@@ -1261,7 +1261,7 @@ func (l *Ledger) PendingPages(ctx context.Context, dueBefore time.Time, size int
 			return err
 		}
 		if first {
-			l.analyzeBriefly(ctx, "pending_order")
+			analyzeBriefly(ctx, l.db, "pending_order")
 		}
 		after = page[len(page)-1]
 	}
