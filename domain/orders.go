@@ -1235,7 +1235,8 @@ const repairLimit = 10000
 
 // PendingPages walks the PENDING orders expiring before dueBefore (all,
 // if zero) page by page in PendingOrders' order, size to a page, calling
-// fn with each until fn says stop, a page is short, or fn fails. The
+// fn with each until fn says stop, a page is short, fn fails, or ctx
+// ends (quietly: a caller that must know a walk was cut checks ctx). The
 // sweeper and the reconciliation's stragglers walk them so.
 //
 // After a first full page, on PostgreSQL, pending_order is analyzed

@@ -150,7 +150,7 @@ func (r *Reconciler) run(ctx context.Context) (*ReconcileRun, error) {
 
 	// Stragglers: overdue PENDING orders the queue never closed.
 	cutoff := run.StartedAt.Add(-stragglerAge)
-	if err := l.PendingPages(ctx, cutoff, 500, func(page []PendingOrder) (bool, error) {
+	err = l.PendingPages(ctx, cutoff, 500, func(page []PendingOrder) (bool, error) {
 		nos := make([]string, len(page))
 		for i, o := range page {
 			nos[i] = o.OrderNo
@@ -165,7 +165,13 @@ func (r *Reconciler) run(ctx context.Context) (*ReconcileRun, error) {
 			}
 		}
 		return true, nil
-	}); err != nil {
+	})
+	if err == nil {
+		// The walk stops quietly when ctx ends; the stragglers after its
+		// last page are left, and the run says so.
+		err = ctx.Err()
+	}
+	if err != nil {
 		fail("stragglers", err)
 	}
 	if run.ClosedStragglers > 0 {

@@ -109,3 +109,54 @@ func TestReconcileRepairsStockPastAFailedProduct(t *testing.T) {
 		}
 	})
 }
+
+// cancellingGate cancels the run's context when the first close of
+// stragglers gives its stock back: the run is cut short between two pages.
+type cancellingGate struct{ cancel context.CancelFunc }
+
+func (g cancellingGate) Take(context.Context, int64, int) (bool, error) { return true, nil }
+func (g cancellingGate) GiveBack(context.Context, int64, int) error {
+	g.cancel()
+	return nil
+}
+
+// TestReconcileReportsStragglersCutShort: a run whose context ends after
+// a full page of stragglers (a shutdown, an admin's request gone) leaves
+// the stragglers after it, and its record says the stragglers' part
+// failed, not only the parts that came after it.
+func TestReconcileReportsStragglersCutShort(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: 15 * time.Minute})
+		p := b.product(t, 100, 501)
+		// A first page of 500 stragglers, and one due after them.
+		first := b.order(t, p, 1).Order
+		for range 499 {
+			b.order(t, p, 1)
+		}
+		b.clock.Advance(time.Minute)
+		last := b.order(t, p, 1).Order
+		b.clock.Advance(2 * time.Hour)
+
+		ctx, cancel := context.WithCancel(b.ctx)
+		defer cancel()
+		sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://kami.test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		shop := &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(sb), Gate: cancellingGate{cancel}}
+		run, err := (&domain.Reconciler{Shop: shop, Alerts: b.alerts}).Run(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.ledger.Order(b.ctx, first.OrderNo); got.Status != domain.OrderClosed {
+			t.Fatalf("the first page's straggler: %s", got.Status)
+		}
+		if got, _ := b.ledger.Order(b.ctx, last.OrderNo); got.Status != domain.OrderPending {
+			t.Fatalf("the straggler after the cut: %s", got.Status)
+		}
+		if !strings.Contains(run.Error, "stragglers: ") {
+			t.Errorf("the run's error does not name the stragglers it left: %q", run.Error)
+		}
+	})
+}
