@@ -213,28 +213,6 @@ func (l *Ledger) importTx(ctx context.Context, productID int64, fn func(context.
 	return err
 }
 
-// analyzeBriefly has PostgreSQL analyze table now, through db (elsewhere
-// it does nothing): a few milliseconds, a sample of its rows (about 60
-// ms at 100,000 PENDING orders). Its failure only leaves the analysis to
-// the autovacuum, which may come minutes later. It never waits for the
-// table's lock (SKIP_LOCKED): one held by a VACUUM, another ANALYZE or a
-// CREATE INDEX might be held for hours, and an ANALYZE that waited on an
-// autovacuum's past deadlock_timeout would have PostgreSQL cancel that
-// autovacuum, of a table that churns. lock_timeout bounds the rest (the
-// catalog's locks).
-func analyzeBriefly(ctx context.Context, db bun.IDB, table string) {
-	if dialectName(db) != dialect.PG {
-		return
-	}
-	_ = db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
-		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '1s'"); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, "ANALYZE (SKIP_LOCKED) ?", bun.Ident(table))
-		return err
-	})
-}
-
 // importLockWait bounds how long an import waits for another into the
 // same product (MySQL; PostgreSQL waits as long as the request lives).
 const importLockWait = time.Minute

@@ -648,7 +648,7 @@ func (h *Webhooks) DeliveryEndpoints(ctx context.Context, ids []int64) (map[int6
 	}
 	var rows []WebhookDelivery
 	db := h.Ledger.db
-	q := db.NewSelect().Model((*WebhookDelivery)(nil)).Column("id", "endpoint_id").Where("id IN (?)", bun.List(ids))
+	var q *bun.SelectQuery
 	if dialectName(db) == dialect.PG {
 		// One probe of the key each (OFFSET 0 keeps the probe a
 		// subquery): a claim that walks a lane's backlog names 500, and
@@ -656,6 +656,8 @@ func (h *Webhooks) DeliveryEndpoints(ctx context.Context, ids []int64) (map[int6
 		// held a few deliveries, the planner read all of them.
 		q = db.NewSelect().ColumnExpr("d.id, d.endpoint_id").TableExpr(`unnest(?::bigint[]) AS u(v) CROSS JOIN LATERAL
 			(SELECT id, endpoint_id FROM webhook_delivery WHERE id = u.v OFFSET 0) AS d`, pgdialect.Array(ids))
+	} else {
+		q = db.NewSelect().Model((*WebhookDelivery)(nil)).Column("id", "endpoint_id").Where("id IN (?)", bun.List(ids))
 	}
 	if err := q.Scan(ctx, &rows); err != nil {
 		return nil, err
