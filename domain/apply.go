@@ -87,6 +87,31 @@ func byIDs(ids []int64) rowsNamed {
 	return rowsNamed{column: "id", array: "bigint[]", values: slices.Sorted(slices.Values(ids)), where: whereIDs(ids)}
 }
 
+// byPlaces names rows this transaction has already locked, by their
+// places (ctid) as the lock read them, on PostgreSQL only: the UPDATE
+// fetches each at its place, with no look-up and no second lock. A row's
+// place changes only when the row is updated, which a lock held prevents.
+func byPlaces(ctids []string) rowsNamed {
+	return rowsNamed{column: "ctid", array: "tid[]", values: ctids}
+}
+
+// lockedCardRows names cards read and locked by this transaction's close
+// (lockedCardsPG, lockedCardsAndBatches): by place where they were read
+// with it (PostgreSQL), else by id.
+func lockedCardRows(cards []lockedCard) rowsNamed {
+	ids, places := make([]int64, len(cards)), make([]string, 0, len(cards))
+	for i, c := range cards {
+		ids[i] = c.ID
+		if c.Place != "" {
+			places = append(places, c.Place)
+		}
+	}
+	if len(places) == len(cards) {
+		return byPlaces(places)
+	}
+	return byIDs(ids)
+}
+
 // transitionLocked is transition for the rows of a batch (a payment
 // batch's orders and cards, a close batch's orders and cards), with more
 // conditions in extra (nil for none). On PostgreSQL the rows are locked
@@ -99,19 +124,27 @@ func byIDs(ids []int64) rowsNamed {
 // SELECT … ORDER BY order_no FOR UPDATE does; SQLite has one writer.
 //
 // On PostgreSQL the rows are also found by name only, one index probe
-// each, and their status is tested on the rows as locked
-// (l.locked_status), never on the table scanned. While the tables had
-// indexes of statuses (before migrations 20261201000017 and
-// 20261201000018), a "status = LOCKED" or PENDING on the table let the
-// planner read one of those instead, which the statistics said held
-// a handful of such rows. It holds the live ones, a few hundred in a busy
-// shop, and an entry for every row that left the status since the last
-// vacuum, each a visit to the table: 20,000 rows read for a payment batch
-// of 26 under the bench's load. OFFSET 0 keeps the lateral probe a
-// subquery no condition is pushed into (see lockedCardsPG). The lock is
-// the one the UPDATE takes anyway (FOR NO KEY UPDATE), taken earlier; a
-// row changed by a transaction that committed while this one waited for
-// it is read as that transaction left it.
+// each, locked in the probe, and then updated at the place the lock read
+// (ctid = ANY(ARRAY(…))): a fetch at a known place, with no second
+// look-up by id (TestCloseFindsEachRowOnce). Their status is tested on
+// the rows so fetched, never by reading the table for it. While the
+// tables had indexes of statuses (before migrations 20261201000017 and
+// 20261201000018), a "status = LOCKED" or PENDING the planner could read
+// through an index made it read one of those instead, which the
+// statistics said held a handful of such rows. It holds the live ones, a
+// few hundred in a busy shop, and an entry for every row that left the
+// status since the last vacuum, each a visit to the table: 20,000 rows
+// read for a payment batch of 26 under the bench's load. An array of
+// places leaves the planner one way to read the rows: a TID scan. OFFSET
+// 0 keeps the lateral probe a subquery no condition is pushed into (see
+// lockedCardsPG). The lock is the one the UPDATE takes anyway (FOR NO
+// KEY UPDATE), taken earlier. A row changed by a transaction that
+// committed while this one waited for it is locked as that transaction
+// left it, at its new place, which the statement's snapshot (taken
+// before that commit) does not see: the UPDATE skips it. Every change of
+// a row these batches move takes it out of the statuses they move it
+// from (an order leaves PENDING, a card LOCKED; TestBatchesTestTheStatusAsLocked),
+// so a row skipped so is one the status test would have skipped.
 //
 // The lock is taken inside the probe, one name at a time in the array's
 // order (then by id among a name's rows): PostgreSQL locks a subquery's
@@ -132,19 +165,25 @@ func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra f
 			return extra(rows.where(q))
 		}, cols)
 	case dialect.PG:
+		if rows.column == "ctid" {
+			// Already locked by this transaction (byPlaces).
+			return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
+				return extra(q.Where("ctid = ANY(?::tid[])", pgdialect.Array(rows.values)))
+			}, cols)
+		}
 	default:
 		return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery { return extra(rows.where(q)) }, cols)
 	}
 	q := db.NewUpdate().Table(t.Table).
-		TableExpr(`(SELECT r.id AS locked_id, r.status AS locked_status FROM unnest(?::`+rows.array+`) AS u(v)
-			CROSS JOIN LATERAL (SELECT id, status FROM ? WHERE ? = u.v ORDER BY id OFFSET 0 FOR NO KEY UPDATE) AS r) AS l`,
+		Where(`ctid = ANY(ARRAY(SELECT r.ctid FROM unnest(?::`+rows.array+`) AS u(v)
+			CROSS JOIN LATERAL (SELECT ctid FROM ? WHERE ? = u.v ORDER BY id OFFSET 0 FOR NO KEY UPDATE) AS r))`,
 			pgdialect.Array(rows.values), bun.Ident(t.Table), bun.Ident(rows.column)).
 		Set("status = ?", t.To).
 		Set("updated_at = ?", now)
 	for _, c := range cols {
 		q = q.Set(c.expr, c.args...)
 	}
-	return extra(q.Where("id = l.locked_id").Where("l.locked_status IN (?)", bun.List(t.From)))
+	return extra(q.Where("status IN (?)", bun.List(t.From)))
 }
 
 // nameIndexMySQL is the index MariaDB must read a batch's rows by, table

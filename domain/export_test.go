@@ -71,3 +71,10 @@ func (l *Ledger) PendingOfForTest(ctx context.Context, nos []string) ([]Order, t
 func TakeOffSaleForTest(db bun.IDB, productID int64, ids []int64) string {
 	return takeOffSale(db, productID, ids).(interface{ String() string }).String()
 }
+
+// CloseInTxForTest runs the close of nos in tx, the caller's transaction,
+// which reads what the close did before it commits.
+func (l *Ledger) CloseInTxForTest(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason) ([]CloseResult, error) {
+	rs, _, err := l.closeOrders(ctx, tx, uniqueSorted(nos), reason, time.Time{})
+	return rs, err
+}

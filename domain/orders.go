@@ -801,15 +801,14 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	}
 	// A recalled batch's cards are withdrawn, the others go back on sale.
 	recycledBy, withdrawnBy := map[string]int{}, map[string]int{}
-	var toWithdraw []int64
-	var toRecycle []CardForSale
+	var toWithdraw, toRecycle []lockedCard
 	for _, c := range locked {
 		if c.BatchStatus == BatchRecalled {
 			withdrawnBy[c.OrderNo]++
-			toWithdraw = append(toWithdraw, c.ID)
+			toWithdraw = append(toWithdraw, c)
 		} else {
 			recycledBy[c.OrderNo]++
-			toRecycle = append(toRecycle, CardForSale{ProductID: c.ProductID, CardID: c.ID})
+			toRecycle = append(toRecycle, c)
 		}
 	}
 	var flows []StockFlow
@@ -935,6 +934,9 @@ func notClosed(ctx context.Context, tx bun.Tx, nos []string, closed []Order) (ot
 // lockedCard is a LOCKED card of an order being closed, and the status of
 // its batch, read under a share lock (see lockedCardsAndBatches).
 type lockedCard struct {
+	// Place is the card's ctid on PostgreSQL, where lockedCardsPG locks
+	// it: writeClose moves it by its place (byPlaces).
+	Place       string      `bun:"ctid"`
 	ID          int64       `bun:"id"`
 	ProductID   int64       `bun:"product_id"`
 	OrderNo     string      `bun:"order_no"`
@@ -956,6 +958,7 @@ type lockedCard struct {
 // LOCKED since it was read makes the count differ, and the transaction
 // runs again. (PostgreSQL: lockedCardsPG, one statement.)
 func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([]lockedCard, error) {
+	// (Place stays empty: lockedCardRows names the cards by id.)
 	var cards []lockedCard
 	if err := tx.NewSelect().Table("card_stock").Column("id", "product_id", "order_no", "batch_id").
 		Where("order_no IN (?)", bun.List(orderNos)).Where("status = ?", CardLocked).Scan(ctx, &cards); err != nil {
@@ -988,25 +991,26 @@ func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([
 // writeClose writes what a close batch changes besides its orders (closed,
 // the numbers of those it closed): their rows of pending_order deleted
 // (and any of left, orders of the batch no longer PENDING), their cards
-// withdrawn or recycled (by id, guarded, each count checked) and the
+// withdrawn or recycled (by id, or on PostgreSQL by the place
+// lockedCardsPG locked, guarded, each count checked) and the
 // recycled ones put back on sale (card_for_sale), their journal entries
 // and events; on PostgreSQL in one statement (writeAll), in this order.
-func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed, left []string, toWithdraw []int64, toRecycle []CardForSale, flows []StockFlow, events []Event) error {
+func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed, left []string, toWithdraw, toRecycle []lockedCard, flows []StockFlow, events []Event) error {
 	qs, want := []writeQuery{leavePending(tx, append(slices.Clip(closed), left...))}, []int{-1}
-	recycle := make([]int64, len(toRecycle))
-	for i, c := range toRecycle {
-		recycle[i] = c.CardID
-	}
 	for _, m := range []struct {
-		t   Transition
-		ids []int64
-	}{{CardWithdrawLocked, toWithdraw}, {CardRecycle, recycle}} {
-		if len(m.ids) > 0 {
-			qs, want = append(qs, transitionLocked(tx, m.t, now, byIDs(m.ids), nil, nil)), append(want, len(m.ids))
+		t     Transition
+		cards []lockedCard
+	}{{CardWithdrawLocked, toWithdraw}, {CardRecycle, toRecycle}} {
+		if len(m.cards) > 0 {
+			qs, want = append(qs, transitionLocked(tx, m.t, now, lockedCardRows(m.cards), nil, nil)), append(want, len(m.cards))
 		}
 	}
 	if len(toRecycle) > 0 {
-		qs, want = append(qs, putOnSale(tx, toRecycle)), append(want, -1)
+		onSale := make([]CardForSale, len(toRecycle))
+		for i, c := range toRecycle {
+			onSale[i] = CardForSale{ProductID: c.ProductID, CardID: c.ID}
+		}
+		qs, want = append(qs, putOnSale(tx, onSale)), append(want, -1)
 	}
 	if len(flows) > 0 {
 		qs, want = append(qs, flowInsert(tx, now, flows)), append(want, -1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -271,6 +272,78 @@ func TestCloseLeavesPendingByNumber(t *testing.T) {
 	if _, err := db.ExecContext(ctx, "DELETE FROM pending_order WHERE order_no LIKE 'backlog-%'"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCloseFindsEachRowOnce: on PostgreSQL a close finds each of its
+// orders and cards by one probe of its order number and moves it at the
+// place its lock read (ctid), with no second look-up by id. Each probe is
+// a descent of an index, a tenth of a close's work in the database, and
+// the close used to look each order up twice (lock, then UPDATE by id)
+// and each card three times (read, lock, UPDATE by id). The counts are
+// the transaction's own index statistics, read before it commits.
+func TestCloseFindsEachRowOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const orders, perOrder = 30, 2
+	db := dbtest.Open(t, dbtest.Postgres)
+	b := setup(t, db, domain.Config{MaxPendingPerAddress: orders})
+	p := b.product(t, 100, orders*perOrder)
+	var nos []string
+	for i := range orders {
+		placed, err := b.ledger.PlaceOrder(ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: perOrder,
+			Contact: fmt.Sprintf("buyer%d@example.com", i), Provider: "sandbox", ClientAddr: "10.1.1.1"})
+		if err != nil {
+			t.Fatal(i, err)
+		}
+		nos = append(nos, placed.Order.OrderNo)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	// The session's counts not yet reported hold its earlier
+	// transactions' too (PostgreSQL reports them only between
+	// transactions): the close's are the difference.
+	probes := func() map[string]int {
+		var scans []struct {
+			Index string `bun:"relname"`
+			Scans int    `bun:"scans"`
+		}
+		if err := tx.NewRaw(`SELECT i.relname, pg_stat_get_xact_numscans(i.oid) AS scans FROM pg_index x
+			JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid IN ('orders'::regclass, 'card_stock'::regclass)`).Scan(ctx, &scans); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int{}
+		for _, s := range scans {
+			m[s.Index] = s.Scans
+		}
+		return m
+	}
+	before := probes()
+	rs, err := b.ledger.CloseInTxForTest(ctx, tx, nos, domain.CloseCancel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if r.Outcome != domain.Closed || r.Released != perOrder {
+			t.Fatalf("close of %s: %+v", r.OrderNo, r)
+		}
+	}
+	got := map[string]int{}
+	for index, n := range probes() {
+		if n > before[index] {
+			got[index] = n - before[index]
+		}
+	}
+	want := map[string]int{"orders_order_no": orders, "card_stock_by_order": orders}
+	if !maps.Equal(got, want) {
+		t.Errorf("index probes of a close of %d orders of %d cards each: %v, want %v", orders, perOrder, got, want)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.mustAudit(t)
 }
 
 // TestPlaceTakesCardsOffSaleByKey: the place deletes its cards' rows of
