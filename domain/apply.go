@@ -8,7 +8,6 @@ import (
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
-	"github.com/uptrace/bun/dialect/pgdialect"
 )
 
 // column is one extra column a transition writes besides status.
@@ -152,7 +151,7 @@ func lockedCardRows(cards []lockedCard) rowsNamed {
 // r.name … FOR UPDATE OF r" sorted rows already locked in the array's
 // order). So the names are sorted here (rowsNamed); a payment batch's
 // come in the order its payments arrived.
-func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
+func transitionLocked(db bun.IDB, b *binds, t Transition, now any, rows rowsNamed, extra func(*bun.UpdateQuery) *bun.UpdateQuery, cols []column) *bun.UpdateQuery {
 	if extra == nil {
 		extra = func(q *bun.UpdateQuery) *bun.UpdateQuery { return q }
 	}
@@ -167,8 +166,8 @@ func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra f
 	case dialect.PG:
 		if rows.column == "ctid" {
 			// Already locked by this transaction (byPlaces).
-			return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery {
-				return extra(q.Where("ctid = ANY(?::tid[])", pgdialect.Array(rows.values)))
+			return transitionAt(db, t, b.value(now), func(q *bun.UpdateQuery) *bun.UpdateQuery {
+				return extra(q.Where("ctid = ANY(?::text[]::tid[])", b.array(rows.values)))
 			}, cols)
 		}
 	default:
@@ -177,9 +176,9 @@ func transitionLocked(db bun.IDB, t Transition, now any, rows rowsNamed, extra f
 	q := db.NewUpdate().Table(t.Table).
 		Where(`ctid = ANY(ARRAY(SELECT r.ctid FROM unnest(?::`+rows.array+`) AS u(v)
 			CROSS JOIN LATERAL (SELECT ctid FROM ? WHERE ? = u.v ORDER BY id OFFSET 0 FOR NO KEY UPDATE) AS r))`,
-			pgdialect.Array(rows.values), bun.Ident(t.Table), bun.Ident(rows.column)).
+			b.array(rows.values), bun.Ident(t.Table), bun.Ident(rows.column)).
 		Set("status = ?", t.To).
-		Set("updated_at = ?", now)
+		Set("updated_at = ?", b.value(now))
 	for _, c := range cols {
 		q = q.Set(c.expr, c.args...)
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
-	"github.com/uptrace/bun/dialect/pgdialect"
 )
 
 // The close on PostgreSQL. A batch of up to 500 orders is the close
@@ -33,9 +32,10 @@ func (l *Ledger) clockAt(db bun.IDB) any {
 // planner may read an index of PENDING orders instead (see
 // transitionLocked).
 func (l *Ledger) pendingOfPG(ctx context.Context, nos []string, withClock bool) ([]Order, time.Time, error) {
+	b := &binds{}
 	var clock any = bun.Safe("NULL::timestamptz")
 	if withClock {
-		clock = l.clockAt(l.db)
+		clock = b.value(l.clockAt(l.db))
 	}
 	var rs []pendingRow
 	if err := l.db.NewRaw(`SELECT o.order_no, o.product_id, o.provider, o.status, o.expires_at, `+timeParam(l.db)+` AS db_now
@@ -43,7 +43,7 @@ func (l *Ledger) pendingOfPG(ctx context.Context, nos []string, withClock bool) 
 		CROSS JOIN LATERAL (SELECT order_no, product_id, provider, status, expires_at FROM orders
 			WHERE order_no = u.no OFFSET 0) AS o
 		WHERE o.status = ?`,
-		clock, pgdialect.Array(nos), OrderPending).Scan(ctx, &rs); err != nil {
+		clock, b.array(nos), OrderPending).Scan(withBinds(ctx, b), &rs); err != nil {
 		return nil, time.Time{}, err
 	}
 	orders, now := pendingRows(rs)
@@ -58,7 +58,8 @@ func (l *Ledger) pendingOfPG(ctx context.Context, nos []string, withClock bool) 
 // are. now is that clock, as written into closed_at (zero when nothing
 // closed). The others (usually none) are read afterwards.
 func (l *Ledger) closeOrderRowsPG(ctx context.Context, tx bun.Tx, nos []string, reason CloseReason, dueBy time.Time) (closed, others []Order, now time.Time, err error) {
-	clock := l.clockAt(tx)
+	b := &binds{}
+	clock := b.value(l.clockAt(tx))
 	due := func(q *bun.UpdateQuery) *bun.UpdateQuery {
 		switch {
 		case reason != CloseTimeout:
@@ -66,10 +67,10 @@ func (l *Ledger) closeOrderRowsPG(ctx context.Context, tx bun.Tx, nos []string, 
 		case dueBy.IsZero():
 			return q.Where("expires_at <= ?", clock)
 		}
-		return q.Where("expires_at <= LEAST(?, ?::timestamptz)", clock, dueBy)
+		return q.Where("expires_at <= LEAST(?, ?::timestamptz)", clock, b.value(dueBy))
 	}
-	if _, err := transitionLocked(tx, OrderClose, clock, byOrderNos(nos), due, []column{col("closed_at = ?", clock)}).
-		Returning(strings.Join(closedColumns, ", ")).Exec(ctx, &closed); err != nil {
+	if _, err := transitionLocked(tx, b, OrderClose, clock, byOrderNos(nos), due, []column{col("closed_at = ?", clock)}).
+		Returning(strings.Join(closedColumns, ", ")).Exec(withBinds(ctx, b), &closed); err != nil {
 		return nil, nil, time.Time{}, err
 	}
 	if len(closed) > 0 {
@@ -92,6 +93,7 @@ func (l *Ledger) closeOrderRowsPG(ctx context.Context, tx bun.Tx, nos []string, 
 // per order, on the index. Their batches are share-locked once each, in
 // id order (MATERIALIZED: read whole, once, before the join).
 func lockedCardsPG(ctx context.Context, tx bun.Tx, orderNos []string) ([]lockedCard, error) {
+	b := &binds{}
 	var cards []lockedCard
 	err := tx.NewRaw(`WITH c AS MATERIALIZED (
 			SELECT c.ctid, c.id, c.product_id, c.order_no, c.batch_id FROM unnest(?::text[]) AS u(no)
@@ -99,7 +101,7 @@ func lockedCardsPG(ctx context.Context, tx bun.Tx, orderNos []string) ([]lockedC
 				ORDER BY id OFFSET 0 FOR NO KEY UPDATE) AS c),
 		b AS MATERIALIZED (SELECT id, status FROM card_batch WHERE id IN (SELECT batch_id FROM c) ORDER BY id FOR SHARE)
 		SELECT c.ctid, c.id, c.product_id, c.order_no, c.batch_id, b.status AS batch_status FROM c JOIN b ON b.id = c.batch_id`,
-		pgdialect.Array(orderNos), CardLocked).Scan(ctx, &cards)
+		b.array(orderNos), CardLocked).Scan(withBinds(ctx, b), &cards)
 	return cards, err
 }
 

@@ -9,10 +9,12 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	"github.com/uptrace/bun"
@@ -101,8 +103,15 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		// out as %20 (Encode writes a '+' of a value as %2B).
 		u.RawQuery = strings.ReplaceAll(u.RawQuery, "+", "%2B")
 		q := u.Query()
-		if q.Get("default_query_exec_mode") == "" {
+		// A close's statements, written with binds, are prepared once per
+		// connection and kept (binds.go), unless the URL names a mode
+		// (such as exec or simple_protocol behind a pooler that keeps no
+		// prepared statements), which they then use too.
+		bindMode := pgx.QueryExecModeCacheStatement
+		if named := q.Get("default_query_exec_mode"); named == "" {
 			q.Set("default_query_exec_mode", "exec")
+		} else if m, ok := bindModes[named]; ok {
+			bindMode = m
 		}
 		// bun writes a string as '...' with only its quotes doubled, and
 		// pgx reads text as UTF-8: with a database's or role's
@@ -125,7 +134,9 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 			q.Set("jit", "off")
 		}
 		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
-		sqldb, err = openSQL("pgx", u.String(), opts.WrapConnector)
+		sqldb, err = openSQL("pgx", u.String(), func(c driver.Connector) driver.Connector {
+			return bindConnector{Connector: c, mode: bindMode}
+		}, opts.WrapConnector)
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
 		}
@@ -158,10 +169,10 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 }
 
 // openSQL opens the pool of the registered driver name at dsn, its
-// connector wrapped by wrap when that is set.
-func openSQL(name, dsn string, wrap func(driver.Connector) driver.Connector) (*sql.DB, error) {
+// connector wrapped by each of wraps that is set, the first innermost.
+func openSQL(name, dsn string, wraps ...func(driver.Connector) driver.Connector) (*sql.DB, error) {
 	db, err := sql.Open(name, dsn)
-	if err != nil || wrap == nil {
+	if err != nil || !slices.ContainsFunc(wraps, func(w func(driver.Connector) driver.Connector) bool { return w != nil }) {
 		return db, err
 	}
 	d := db.Driver()
@@ -172,7 +183,12 @@ func openSQL(name, dsn string, wrap func(driver.Connector) driver.Connector) (*s
 			return nil, err
 		}
 	}
-	return sql.OpenDB(wrap(c)), nil
+	for _, wrap := range wraps {
+		if wrap != nil {
+			c = wrap(c)
+		}
+	}
+	return sql.OpenDB(c), nil
 }
 
 // dsnConnector is the connector of a driver that has no OpenConnector.

@@ -78,3 +78,24 @@ func (l *Ledger) CloseInTxForTest(ctx context.Context, tx bun.Tx, nos []string, 
 	rs, _, err := l.closeOrders(ctx, tx, uniqueSorted(nos), reason, time.Time{})
 	return rs, err
 }
+
+// BindsForTest collects a statement's values as binds (binds.go): Value
+// is the placeholder to write in its text, Context the context that
+// sends the values beside it.
+type BindsForTest struct{ b binds }
+
+func (t *BindsForTest) Value(v any) any                             { return t.b.value(v) }
+func (t *BindsForTest) Context(ctx context.Context) context.Context { return withBinds(ctx, &t.b) }
+
+// BindsOfForTest are the values ctx sends beside its statement's text.
+func BindsOfForTest(ctx context.Context) []any {
+	if b, ok := ctx.Value(bindsKey{}).(*binds); ok {
+		return b.values
+	}
+	return nil
+}
+
+// WithBindsForTest is ctx sending values beside its statement's text.
+func WithBindsForTest(ctx context.Context, values []any) context.Context {
+	return withBinds(ctx, &binds{values: values})
+}

@@ -87,7 +87,7 @@ func pickCards(ctx context.Context, tx bun.Tx, productID int64, n int) (ids []in
 func takeOffSale(db bun.IDB, productID int64, ids []int64) writeQuery {
 	switch dialectName(db) {
 	case dialect.PG:
-		return deleteProbedPG(db, "card_for_sale", "bigint[]", ids, "product_id = ? AND card_id = u.v", productID)
+		return deleteProbedPG(db, nil, "card_for_sale", "bigint[]", ids, "product_id = ? AND card_id = u.v", productID)
 	case dialect.MySQL:
 		return db.NewRaw("DELETE FROM card_for_sale WHERE product_id = ? AND card_id IN (?) ORDER BY card_id LIMIT ?",
 			productID, bun.List(ids), len(ids))
@@ -97,8 +97,18 @@ func takeOffSale(db bun.IDB, productID int64, ids []int64) writeQuery {
 
 // putOnSale inserts the rows of card_for_sale of cards going on sale. A
 // row already there (left by a process of an older version) is kept.
-func putOnSale(db bun.IDB, rows []CardForSale) *bun.InsertQuery {
-	return db.NewInsert().Model(&rows).Ignore()
+// With binds (PostgreSQL), the rows go as two arrays, RETURNING 1 a row
+// inserted, as writeAll counts.
+func putOnSale(db bun.IDB, b *binds, rows []CardForSale) writeQuery {
+	if b == nil {
+		return db.NewInsert().Model(&rows).Ignore()
+	}
+	products, cards := make([]int64, len(rows)), make([]int64, len(rows))
+	for i, r := range rows {
+		products[i], cards[i] = r.ProductID, r.CardID
+	}
+	return db.NewRaw(`INSERT INTO card_for_sale (product_id, card_id) SELECT * FROM unnest(?::bigint[], ?::bigint[])
+		ON CONFLICT DO NOTHING RETURNING 1`, b.array(products), b.array(cards))
 }
 
 // lockForSale locks the rows of card_for_sale of ids, cards of product,
@@ -218,7 +228,7 @@ func (l *Ledger) RepairCardsForSale(ctx context.Context) (added, removed int, er
 				Where("batch_id = ?", batchIDs[0]).Where("status IN (?)", bun.List(CardLock.From))).Scan(ctx); err != nil || len(cards) == 0 {
 				return err
 			}
-			res, err := putOnSale(tx, []CardForSale{{ProductID: cards[0].ProductID, CardID: id}}).Exec(ctx)
+			res, err := putOnSale(tx, nil, []CardForSale{{ProductID: cards[0].ProductID, CardID: id}}).Exec(ctx)
 			if err != nil {
 				return err
 			}

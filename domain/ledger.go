@@ -18,7 +18,6 @@ import (
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
-	"github.com/uptrace/bun/dialect/pgdialect"
 
 	"kami/domain/group"
 )
@@ -577,16 +576,16 @@ func writeFlow(ctx context.Context, tx bun.IDB, now time.Time, flows ...StockFlo
 	if len(flows) == 0 {
 		return nil
 	}
-	_, err := flowInsert(tx, now, flows).Exec(ctx)
+	_, err := flowInsert(tx, nil, now, flows).Exec(ctx)
 	return err
 }
 
 // flowInsert is writeFlow's INSERT, built and not run (see writeAll).
-func flowInsert(tx bun.IDB, now time.Time, flows []StockFlow) writeQuery {
+func flowInsert(tx bun.IDB, b *binds, now time.Time, flows []StockFlow) writeQuery {
 	for i := range flows {
 		flows[i].CreatedAt = now
 	}
-	if len(flows) > 1 && dialectName(tx) == dialect.PG {
+	if (len(flows) > 1 || b != nil) && dialectName(tx) == dialect.PG {
 		// A batch's entries as one array per column (see insertCards):
 		// 500 rows of literals cost PostgreSQL more to plan than to insert.
 		// RETURNING 1: a row per entry, as writeAll counts them.
@@ -599,7 +598,7 @@ func flowInsert(tx bun.IDB, now time.Time, flows []StockFlow) writeQuery {
 			SELECT t.product_id, NULLIF(t.order_no, ''), t.change_type, t.quantity, ?
 			FROM unnest(?::bigint[], ?::text[], ?::smallint[], ?::int[]) WITH ORDINALITY AS t(product_id, order_no, change_type, quantity, n) ORDER BY t.n
 			RETURNING 1`,
-			now, pgdialect.Array(products), pgdialect.Array(orders), pgdialect.Array(types), pgdialect.Array(qtys))
+			b.value(now), b.array(products), b.array(orders), b.array(types), b.array(qtys))
 	}
 	return tx.NewInsert().Model(&flows)
 }

@@ -422,7 +422,7 @@ func (l *Ledger) placeOrders(ctx context.Context, tx bun.Tx, ins []PlaceOrderInp
 	n, err := writeAll(ctx, tx, append([]writeQuery{
 		tx.NewInsert().Model(&orders),
 		transition(tx, CardLock, now, whereIDs(cardIDs), []column{col(caseOrderNo, orderOf...), col("locked_at = ?", now)}),
-		flowInsert(tx, now, flows),
+		flowInsert(tx, nil, now, flows),
 		tx.NewInsert().Model(&pending)}, offSale...)...)
 	if err != nil {
 		if isUniqueViolation(err) && !hasKey {
@@ -783,7 +783,7 @@ func (l *Ledger) closeOrders(ctx context.Context, tx bun.Tx, nos []string, reaso
 	}
 	if len(closed) == 0 {
 		if len(left) > 0 {
-			if _, err := leavePending(tx, left).Exec(ctx); err != nil {
+			if _, err := leavePending(tx, nil, left).Exec(ctx); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -996,13 +996,17 @@ func lockedCardsAndBatches(ctx context.Context, tx bun.Tx, orderNos []string) ([
 // recycled ones put back on sale (card_for_sale), their journal entries
 // and events; on PostgreSQL in one statement (writeAll), in this order.
 func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed, left []string, toWithdraw, toRecycle []lockedCard, flows []StockFlow, events []Event) error {
-	qs, want := []writeQuery{leavePending(tx, append(slices.Clip(closed), left...))}, []int{-1}
+	var b *binds // on PostgreSQL the statement is written with binds (binds.go)
+	if dialectName(tx) == dialect.PG {
+		b = &binds{}
+	}
+	qs, want := []writeQuery{leavePending(tx, b, append(slices.Clip(closed), left...))}, []int{-1}
 	for _, m := range []struct {
 		t     Transition
 		cards []lockedCard
 	}{{CardWithdrawLocked, toWithdraw}, {CardRecycle, toRecycle}} {
 		if len(m.cards) > 0 {
-			qs, want = append(qs, transitionLocked(tx, m.t, now, lockedCardRows(m.cards), nil, nil)), append(want, len(m.cards))
+			qs, want = append(qs, transitionLocked(tx, b, m.t, now, lockedCardRows(m.cards), nil, nil)), append(want, len(m.cards))
 		}
 	}
 	if len(toRecycle) > 0 {
@@ -1010,15 +1014,15 @@ func writeClose(ctx context.Context, tx bun.Tx, now time.Time, closed, left []st
 		for i, c := range toRecycle {
 			onSale[i] = CardForSale{ProductID: c.ProductID, CardID: c.ID}
 		}
-		qs, want = append(qs, putOnSale(tx, onSale)), append(want, -1)
+		qs, want = append(qs, putOnSale(tx, b, onSale)), append(want, -1)
 	}
 	if len(flows) > 0 {
-		qs, want = append(qs, flowInsert(tx, now, flows)), append(want, -1)
+		qs, want = append(qs, flowInsert(tx, b, now, flows)), append(want, -1)
 	}
 	if len(events) > 0 && !outboxOff.Load() {
-		qs, want = append(qs, eventsInsert(tx, now, events)), append(want, -1)
+		qs, want = append(qs, eventsInsert(tx, b, now, events)), append(want, -1)
 	}
-	counts, err := writeAll(ctx, tx, qs...)
+	counts, err := writeAll(withBinds(ctx, b), tx, qs...)
 	if err != nil {
 		return err
 	}
@@ -1138,10 +1142,10 @@ func pendingOrderOf(o *Order) PendingOrder {
 // its COMMIT), so the close and payment batches run one after another. A
 // single-table DELETE takes no index hint, and MariaDB drops a hint on the
 // only table of a multi-table one.
-func leavePending(tx bun.IDB, nos []string) writeQuery {
+func leavePending(tx bun.IDB, b *binds, nos []string) writeQuery {
 	switch dialectName(tx) {
 	case dialect.PG:
-		return deleteProbedPG(tx, "pending_order", "text[]", nos, "order_no = u.v")
+		return deleteProbedPG(tx, b, "pending_order", "text[]", nos, "order_no = u.v")
 	case dialect.MySQL:
 		return tx.NewRaw("DELETE p FROM orders AS o FORCE INDEX (?) STRAIGHT_JOIN pending_order AS p ON p.order_no = o.order_no"+
 			" WHERE o.order_no IN (?)", bun.Ident(nameIndexMySQL[[2]string{tableOrders, "order_no"}]), bun.List(nos))

@@ -9,7 +9,6 @@ import (
 
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect"
-	"github.com/uptrace/bun/dialect/pgdialect"
 
 	"kami/domain/money"
 )
@@ -66,7 +65,7 @@ func recordEvents(ctx context.Context, tx bun.IDB, now time.Time, evs ...Event) 
 	if len(evs) == 0 || outboxOff.Load() {
 		return nil
 	}
-	_, err := eventsInsert(tx, now, evs).Exec(ctx)
+	_, err := eventsInsert(tx, nil, now, evs).Exec(ctx)
 	return err
 }
 
@@ -84,12 +83,12 @@ const bornFannedOut = "NOT EXISTS (SELECT 1 FROM webhook_endpoint WHERE deleted_
 
 // eventsInsert is recordEvents' INSERT of at least one event, built and
 // not run: the payment batch sends it with its other writes (writeAll).
-func eventsInsert(tx bun.IDB, now time.Time, evs []Event) writeQuery {
+func eventsInsert(tx bun.IDB, b *binds, now time.Time, evs []Event) writeQuery {
 	for i := range evs {
 		evs[i].ID, evs[i].OccurredAt, evs[i].FannedOut = 0, now, false
 		evs[i].Subject = truncate(evs[i].Subject, 64)
 	}
-	if len(evs) > 1 && dialectName(tx) == dialect.PG {
+	if (len(evs) > 1 || b != nil) && dialectName(tx) == dialect.PG {
 		// A batch's events as one array per column, as flowInsert does;
 		// ids are given in the arrays' order. RETURNING 1 as writeAll
 		// counts.
@@ -101,7 +100,7 @@ func eventsInsert(tx bun.IDB, now time.Time, evs []Event) writeQuery {
 			SELECT t.type, t.subject, ?, t.payload, `+bornFannedOut+`
 			FROM unnest(?::text[], ?::text[], ?::text[]) WITH ORDINALITY AS t(type, subject, payload, n) ORDER BY t.n
 			RETURNING 1`,
-			now, pgdialect.Array(types), pgdialect.Array(subjects), pgdialect.Array(payloads))
+			b.value(now), b.array(types), b.array(subjects), b.array(payloads))
 	}
 	return tx.NewInsert().Model(&evs).Value("fanned_out", bornFannedOut).Returning("NULL")
 }

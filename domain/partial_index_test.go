@@ -23,16 +23,21 @@ type queryLog struct {
 	mu    sync.Mutex
 	match []string
 	got   map[string]string // substring → the last statement containing it
+	binds map[string][]any  // substring → the values sent beside that statement (binds.go), if any
 }
 
 func (q *queryLog) BeforeQuery(ctx context.Context, _ *bun.QueryEvent) context.Context { return ctx }
 
-func (q *queryLog) AfterQuery(_ context.Context, ev *bun.QueryEvent) {
+func (q *queryLog) AfterQuery(ctx context.Context, ev *bun.QueryEvent) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, m := range q.match {
 		if strings.Contains(ev.Query, m) {
 			q.got[m] = ev.Query
+			if q.binds == nil {
+				q.binds = map[string][]any{}
+			}
+			q.binds[m] = domain.BindsOfForTest(ctx)
 		}
 	}
 }
@@ -213,7 +218,7 @@ func TestBatchLocksFindOrdersByNumber(t *testing.T) {
 		if q == "" {
 			t.Fatalf("no statement with %q was run", m)
 		}
-		if worst, plan := mostRowsRead(t, db, q, true); worst > 2*batch {
+		if worst, plan := mostRowsRead(t, db, q, log.binds[m], true); worst > 2*batch {
 			t.Errorf("a step reads %d rows for a batch of at most %d orders: %s\nof %s", worst, batch, plan, q)
 		}
 	}
@@ -262,7 +267,7 @@ func TestCloseLeavesPendingByNumber(t *testing.T) {
 	if q == "" || !strings.Contains(q, "pending_order") {
 		t.Fatalf("the close's writes were not one statement with the delete from pending_order: %s", q)
 	}
-	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*batch {
+	if worst, plan := mostRowsRead(t, db, q, log.binds["RECYCLED"], false); worst > 2*batch {
 		t.Errorf("a step reads %d rows for a batch of %d orders: %s\nof %s", worst, batch, plan, q)
 	}
 	var left int
@@ -321,13 +326,18 @@ func TestCloseFindsEachRowOnce(t *testing.T) {
 		return m
 	}
 	before := probes()
-	rs, err := b.ledger.CloseInTxForTest(ctx, tx, nos, domain.CloseCancel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range rs {
-		if r.Outcome != domain.Closed || r.Released != perOrder {
-			t.Fatalf("close of %s: %+v", r.OrderNo, r)
+	// Six batches on the one connection: PostgreSQL plans a prepared
+	// statement (binds.go) for its values five times, then may keep a
+	// plan for any values.
+	for i := 0; i < orders; i += orders / 6 {
+		rs, err := b.ledger.CloseInTxForTest(ctx, tx, nos[i:i+orders/6], domain.CloseCancel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			if r.Outcome != domain.Closed || r.Released != perOrder {
+				t.Fatalf("close of %s: %+v", r.OrderNo, r)
+			}
 		}
 	}
 	got := map[string]int{}
@@ -339,6 +349,24 @@ func TestCloseFindsEachRowOnce(t *testing.T) {
 	want := map[string]int{"orders_order_no": orders, "card_stock_by_order": orders}
 	if !maps.Equal(got, want) {
 		t.Errorf("index probes of a close of %d orders of %d cards each: %v, want %v", orders, perOrder, got, want)
+	}
+	// Each of the close's three statements (close the orders, lock and
+	// read their cards, write the rest) has one text for every batch,
+	// prepared once on this connection and run six times.
+	var prepared []struct {
+		Statement string `bun:"statement"`
+		Runs      int    `bun:"runs"`
+	}
+	if err := tx.NewRaw(`SELECT statement, generic_plans + custom_plans AS runs FROM pg_prepared_statements`).Scan(ctx, &prepared); err != nil {
+		t.Fatal(err)
+	}
+	if len(prepared) != 3 {
+		t.Errorf("%d statements prepared, want 3: %+v", len(prepared), prepared)
+	}
+	for _, p := range prepared {
+		if p.Runs != 6 {
+			t.Errorf("prepared statement run %d times, want 6: %.200s", p.Runs, p.Statement)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
@@ -373,7 +401,7 @@ func TestPlaceTakesCardsOffSaleByKey(t *testing.T) {
 		ids[i] = first + 1 + int64(i)*(backlog/batch)
 	}
 	q := domain.TakeOffSaleForTest(db, p.ID, ids)
-	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*batch {
+	if worst, plan := mostRowsRead(t, db, q, nil, false); worst > 2*batch {
 		t.Errorf("a step reads %d rows to take %d cards off sale: %s\nof %s", worst, batch, plan, q)
 	}
 	var left int
@@ -422,7 +450,7 @@ func TestFanOutReadsNoDeliveryBacklog(t *testing.T) {
 		t.Fatalf("FanOut took %d events, made %d deliveries, want %d each: %v", taken, len(ds), page, err)
 	}
 	if q := log.got[`FROM "webhook_delivery"`]; q != "" {
-		if worst, plan := mostRowsRead(t, db, q, false); worst > 2*page {
+		if worst, plan := mostRowsRead(t, db, q, log.binds[`FROM "webhook_delivery"`], false); worst > 2*page {
 			t.Errorf("a step reads %d rows for a page of %d events: %s\nof %s", worst, page, plan, q)
 		}
 	}
@@ -472,7 +500,7 @@ func TestDeliveryEndpointsByKey(t *testing.T) {
 		}
 	}
 	q := log.got["webhook_delivery"]
-	if worst, plan := mostRowsRead(t, db, q, false); worst > 2*claim {
+	if worst, plan := mostRowsRead(t, db, q, log.binds["webhook_delivery"], false); worst > 2*claim {
 		t.Errorf("a step reads %d rows for a claim of %d deliveries: %s\nof %s", worst, claim, plan, q)
 	}
 }
@@ -505,12 +533,13 @@ func pastDeliveries(t *testing.T, db *bun.DB, endpoint int64, n int, status doma
 	}
 }
 
-// mostRowsRead runs q under EXPLAIN ANALYZE in a transaction it rolls back
+// mostRowsRead runs q (with binds, the values sent beside it, if any)
+// under EXPLAIN ANALYZE in a transaction it rolls back
 // (emptied of recorded notifications first; with forceIndexes, sequential
 // scans off) and returns the most rows any step of the plan read
 // (returned over all its loops, plus removed by a filter or an index
 // recheck), and where.
-func mostRowsRead(t *testing.T, db *bun.DB, q string, forceIndexes bool) (int, string) {
+func mostRowsRead(t *testing.T, db *bun.DB, q string, binds []any, forceIndexes bool) (int, string) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, nil)
@@ -530,7 +559,7 @@ func mostRowsRead(t *testing.T, db *bun.DB, q string, forceIndexes bool) (int, s
 		t.Fatal(err)
 	}
 	var raw string
-	if err := tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q).Scan(&raw); err != nil {
+	if err := tx.QueryRowContext(domain.WithBindsForTest(ctx, binds), "EXPLAIN (ANALYZE, FORMAT JSON) "+q).Scan(&raw); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	var plans []struct {
@@ -683,7 +712,7 @@ func TestPendingWalkReadsEachPageOnTheIndex(t *testing.T) {
 	if err := b.ledger.PendingPages(ctx, time.Time{}, page, func(ps []domain.PendingOrder) (bool, error) {
 		if len(walked) > 0 {
 			q := log.got["ORDER BY expires_at, order_no"]
-			if worst, plan := mostRowsRead(t, db, q, false); worst > 2*page {
+			if worst, plan := mostRowsRead(t, db, q, log.binds["ORDER BY expires_at, order_no"], false); worst > 2*page {
 				t.Errorf("page %d: a step reads %d rows for a page of %d: %s\nof %s", len(walked)/page+1, worst, page, plan, q)
 			}
 			checked++

@@ -231,15 +231,15 @@ func (l *Ledger) deliverPaid(ctx context.Context, tx bun.Tx, ps []Payment, at []
 	// back whole.
 	writes := []writeQuery{
 		tx.NewInsert().Model(&notes),
-		transitionLocked(tx, OrderPay, now, byOrderNos(nos), nil, []column{
+		transitionLocked(tx, nil, OrderPay, now, byOrderNos(nos), nil, []column{
 			col(byOrderNo("trade_no", "?"), trade...), col(byOrderNo("paid_fen", "?"), fen...), col(byOrderNo("paid_at", timeParam(tx)), t...),
 			col("delivered_at = ?", now)}),
-		transitionLocked(tx, CardSell, now, byOrderNos(nos), nil, []column{col("sold_at = ?", now)}),
-		flowInsert(tx, now, flows),
-		leavePending(tx, nos),
+		transitionLocked(tx, nil, CardSell, now, byOrderNos(nos), nil, []column{col("sold_at = ?", now)}),
+		flowInsert(tx, nil, now, flows),
+		leavePending(tx, nil, nos),
 	}
 	if !outboxOff.Load() {
-		writes = append(writes, eventsInsert(tx, now, events))
+		writes = append(writes, eventsInsert(tx, nil, now, events))
 	}
 	n, err := writeAll(ctx, tx, writes...)
 	if err != nil {
@@ -333,7 +333,7 @@ func (l *Ledger) recordPayment(ctx context.Context, tx bun.Tx, p Payment, o Orde
 	}
 	if n == 1 {
 		o.Status, o.TradeNo, o.PaidFen, o.PaidAt, o.DeliveredAt, o.UpdatedAt = OrderPaid, p.TradeNo, p.AmountFen, paid, now, now
-		if _, err := leavePending(tx, []string{o.OrderNo}).Exec(ctx); err != nil {
+		if _, err := leavePending(tx, nil, []string{o.OrderNo}).Exec(ctx); err != nil {
 			return nil, nil, err
 		}
 		if err := l.sellLocked(ctx, tx, &o, now); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/pgdialect"
 
 	"kami/domain"
 	"kami/domain/dbtest"
@@ -75,6 +76,42 @@ func TestPGExecModeScansAsSimpleProtocol(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got[0], got[1]) {
 		t.Errorf("simple protocol scanned %+v\nexec scanned            %+v", got[0], got[1])
+	}
+}
+
+// TestPGBindsScanAsExec: a statement written with binds (a close's, see
+// binds.go), prepared once per connection, comes back with the values of
+// the same statement with its values in its text, run unprepared: times
+// in the same zone (a closed order's times are written into its event as
+// they are read), bytes, numbers, text and arrays alike.
+func TestPGBindsScanAsExec(t *testing.T) {
+	t.Parallel()
+	const q = `SELECT CAST(? AS TIMESTAMPTZ) AS ts, CAST(NULL AS TIMESTAMPTZ) AS null_t, CAST(? AS BYTEA) AS b,
+		CAST(? AS BOOLEAN) AS yes, CAST(? AS BIGINT) AS big, CAST(? AS INTEGER) AS small, CAST('12345678901234.5678' AS NUMERIC(20,4)) AS num,
+		CAST(? AS TEXT) AS text, CAST(NULL AS TEXT) AS null_s, CAST(? AS TEXT[]) AS arr, CAST(0.1 AS DOUBLE PRECISION) AS f`
+	ts := time.Date(2026, 12, 2, 14, 3, 4, 123456000, time.UTC)
+	args := []any{ts, []byte{0, 1, 0xfe, '\'', '\\'}, true, int64(-1) << 62, int32(-7), "卡密 'quoted' \\ back\\slash",
+		[]string{"a", "b,c", `d"e`, "{f}"}}
+	ctx := context.Background()
+	db := openPG(t, nil)
+	var literal, bound scanned
+	literalArgs := append([]any(nil), args...)
+	literalArgs[6] = pgdialect.Array(args[6])
+	if err := db.NewRaw(q, literalArgs...).Scan(ctx, &literal); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // past the first runs: PostgreSQL plans a prepared statement anew for its first five
+		var b domain.BindsForTest
+		placeholders := make([]any, len(args))
+		for j, a := range args {
+			placeholders[j] = b.Value(a)
+		}
+		if err := db.NewRaw(q, placeholders...).Scan(b.Context(ctx), &bound); err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(literal, bound) {
+			t.Fatalf("run %d: in the text scanned %+v\nwith binds scanned  %+v", i, literal, bound)
+		}
 	}
 }
 

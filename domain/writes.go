@@ -32,11 +32,11 @@ type writeQuery interface {
 // and the delete see the statement's snapshot: a row is never updated,
 // so a place found is the row deleted, or skipped if another transaction
 // deleted it meanwhile, as the IN list's DELETE would.
-func deleteProbedPG(db bun.IDB, table, array string, values any, cond string, args ...any) *bun.RawQuery {
+func deleteProbedPG(db bun.IDB, b *binds, table, array string, values any, cond string, args ...any) *bun.RawQuery {
 	return db.NewRaw(`DELETE FROM ? WHERE ctid = ANY(ARRAY(
 			SELECT p.ctid FROM unnest(?::`+array+`) AS u(v)
 			CROSS JOIN LATERAL (SELECT ctid FROM ? WHERE `+cond+` OFFSET 0) AS p))
-			RETURNING 1`, append([]any{bun.Ident(table), pgdialect.Array(values), bun.Ident(table)}, args...)...)
+			RETURNING 1`, append([]any{bun.Ident(table), b.array(values), bun.Ident(table)}, args...)...)
 }
 
 // writeAll runs writes of one transaction that need nothing from one

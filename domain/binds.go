@@ -1,0 +1,124 @@
+package domain
+
+import (
+	"context"
+	"database/sql/driver"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/pgdialect"
+)
+
+// Bind parameters for the close's statements on PostgreSQL.
+//
+// bun writes every argument into a statement's text (see OpenDB). A close
+// batch of 500 orders so sends its order numbers, card places, journal and
+// events (their payloads are most of it) as array literals: about 250 KB
+// of text a batch, which PostgreSQL lexes, parses, analyzes (reading each
+// array literal) and plans anew every time. In a drain that was a ninth of
+// the machine's CPU. Written with binds instead, a close's statements have
+// the same text for every batch: pgx prepares each once per connection and
+// keeps it (QueryExecModeCacheStatement), PostgreSQL parses and analyzes
+// it once and reuses its plan, and the values travel beside the text, the
+// arrays in PostgreSQL's binary form, with nothing to escape.
+//
+// bun still builds and runs the statement (its hooks see the text, with
+// $1, $2, … in place of the values); the values ride in the statement's
+// context (withBinds), and bindConn, the connection pgx's pool hands out,
+// sends them.
+
+// binds collects a statement's parameter values in the order of their
+// placeholders. A nil *binds writes each value into the text, as bun does
+// (the other databases; PostgreSQL statements built without binds).
+type binds struct{ values []any }
+
+// value is v as a parameter: its placeholder ($n), or v itself when b is
+// nil. An SQL expression (bun.Safe, such as CURRENT_TIMESTAMP) is part of
+// the text either way.
+func (b *binds) value(v any) any {
+	if _, expr := v.(bun.Safe); b == nil || expr {
+		return v
+	}
+	b.values = append(b.values, v)
+	return bun.Safe("$" + strconv.Itoa(len(b.values)))
+}
+
+// array is a slice as an array parameter: its placeholder, or its
+// literal when b is nil.
+func (b *binds) array(v any) any {
+	if b == nil {
+		return pgdialect.Array(v)
+	}
+	return b.value(v)
+}
+
+type bindsKey struct{}
+
+// withBinds is ctx carrying b's values to the statement run with it; ctx
+// itself when b is nil or empty.
+func withBinds(ctx context.Context, b *binds) context.Context {
+	if b == nil || len(b.values) == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, bindsKey{}, b)
+}
+
+// bindConnector hands out bindConns: pgx's connections, which send a
+// statement's binds.
+type bindConnector struct {
+	driver.Connector
+	mode pgx.QueryExecMode // how a statement with binds is sent
+}
+
+func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if pc, ok := conn.(*stdlib.Conn); ok {
+		return &bindConn{Conn: pc, mode: c.mode}, nil
+	}
+	return conn, nil
+}
+
+// bindConn is pgx's connection (every method of it), which sends the
+// binds a statement's context carries as its parameters. bun passes none
+// of its own: it writes them into the text.
+type bindConn struct {
+	*stdlib.Conn
+	mode pgx.QueryExecMode
+}
+
+func (c *bindConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return c.Conn.QueryContext(ctx, query, c.withArgs(ctx, args))
+}
+
+func (c *bindConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	return c.Conn.ExecContext(ctx, query, c.withArgs(ctx, args))
+}
+
+// withArgs is args, or, when there are none and ctx carries binds, the
+// send mode and the binds' values.
+func (c *bindConn) withArgs(ctx context.Context, args []driver.NamedValue) []driver.NamedValue {
+	b, ok := ctx.Value(bindsKey{}).(*binds)
+	if !ok || len(args) > 0 {
+		return args
+	}
+	out := make([]driver.NamedValue, 0, 1+len(b.values))
+	out = append(out, driver.NamedValue{Ordinal: 1, Value: c.mode})
+	for i, v := range b.values {
+		out = append(out, driver.NamedValue{Ordinal: i + 2, Value: v})
+	}
+	return out
+}
+
+// bindModes are pgx's names of its send modes (default_query_exec_mode).
+var bindModes = map[string]pgx.QueryExecMode{
+	"cache_statement": pgx.QueryExecModeCacheStatement,
+	"cache_describe":  pgx.QueryExecModeCacheDescribe,
+	"describe_exec":   pgx.QueryExecModeDescribeExec,
+	"exec":            pgx.QueryExecModeExec,
+	"simple_protocol": pgx.QueryExecModeSimpleProtocol,
+}
