@@ -140,10 +140,16 @@ func lockedCardRows(cards []lockedCard) rowsNamed {
 // KEY UPDATE), taken earlier. A row changed by a transaction that
 // committed while this one waited for it is locked as that transaction
 // left it, at its new place, which the statement's snapshot (taken
-// before that commit) does not see: the UPDATE skips it. Every change of
-// a row these batches move takes it out of the statuses they move it
-// from (an order leaves PENDING, a card LOCKED; TestBatchesTestTheStatusAsLocked),
-// so a row skipped so is one the status test would have skipped.
+// before that commit) does not see: the UPDATE skips it, whatever its
+// status. Every change of a row these batches move takes it out of the
+// statuses they move it from (an order leaves PENDING, a card LOCKED:
+// only transitions update orders and cards, and none moves a row from
+// PENDING or LOCKED to itself, TestBatchMovesLeaveTheirStatuses), so a
+// row skipped so is one the status test would have skipped
+// (TestBatchesTestTheStatusAsLocked). A write that touched a PENDING
+// order or a LOCKED card and left its status would make the batches
+// skip it: the payment batch would fall back to one payment at a time,
+// a close would report the order NOT_DUE (a buyer's cancel, CONFLICT).
 //
 // The lock is taken inside the probe, one name at a time in the array's
 // order (then by id among a name's rows): PostgreSQL locks a subquery's

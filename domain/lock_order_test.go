@@ -3,6 +3,7 @@ package domain_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -330,5 +331,124 @@ func TestCloseWaitsOnlyForItsOrders(t *testing.T) {
 			}
 			b.mustAudit(t)
 		})
+	}
+}
+
+// rowWaiters counts the transactions first in line for a row of table
+// that another holds (each holds the row's tuple lock while it waits).
+func rowWaiters(t *testing.T, db *bun.DB, table string) int {
+	t.Helper()
+	var n int
+	if err := db.NewRaw("SELECT count(*) FROM pg_locks WHERE locktype = 'tuple' AND relation = ?::regclass AND granted",
+		table).Scan(context.Background(), &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestCloseAndRecallTakeTurns: on PostgreSQL a close locks its orders'
+// LOCKED cards as it reads them and only then share-locks their batches
+// (lockedCardsPG), where a recall locks the batch (its UPDATE) and then
+// moves the batch's UNSOLD and RECYCLED cards, never a LOCKED one. Each
+// holds what it locked while the other waits for it: neither ever waits
+// for a row the waiting one holds (no deadlock), and either way the card
+// of the closed order ends WITHDRAWN, never on sale.
+func TestCloseAndRecallTakeTurns(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, holder, match string
+	}{
+		{name: "recall holds the batch", holder: "recall", match: `UPDATE "card_batch" SET status = 'RECALLED'`},
+		{name: "close holds its cards and batch", holder: "close", match: `b AS MATERIALIZED (SELECT id, status FROM card_batch`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			deadlocks := &deadlockLog{}
+			stall := newStallOnce(c.match)
+			db := dbtest.Open(t, dbtest.Postgres).WithQueryHook(deadlocks).WithQueryHook(stall)
+			b := setup(t, db, domain.Config{OrderTTL: time.Hour})
+			p := b.product(t, 500, 3)
+			batch := b.onlyBatch(t, p.ID)
+			o := b.order(t, p, 1).Order
+
+			stall.armed.Store(true)
+			type closed struct {
+				rs  []domain.CloseResult
+				err error
+			}
+			type recalled struct {
+				rec *domain.Recall
+				err error
+			}
+			closeDone, recallDone := make(chan closed, 1), make(chan recalled, 1)
+			closeNow := func() {
+				rs, err := b.ledger.CloseOrders(b.ctx, []string{o.OrderNo}, domain.CloseCancel)
+				closeDone <- closed{rs, err}
+			}
+			recallNow := func() {
+				rec, err := b.ledger.RecallBatch(b.ctx, batch, "supplier said so", "admin")
+				recallDone <- recalled{rec, err}
+			}
+			first, second := recallNow, closeNow
+			if c.holder == "close" {
+				first, second = closeNow, recallNow
+			}
+			go first()
+			receive(t, "the "+c.holder+" holding its locks", stall.entered)
+			go second()
+			waitFor(t, "the other waiting for the card's batch", func() bool { return rowWaiters(t, db, "card_batch") == 1 })
+			if c.holder == "recall" {
+				// The close waits for the batch holding the card it read.
+				_, err := db.ExecContext(b.ctx, "SELECT 1 FROM card_stock WHERE order_no = ? FOR NO KEY UPDATE NOWAIT", o.OrderNo)
+				if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+					t.Errorf("the waiting close's card was free: %v", err)
+				}
+			}
+			close(stall.release)
+			cl, re := receive(t, "the close", closeDone), receive(t, "the recall", recallDone)
+			if cl.err != nil || re.err != nil {
+				t.Fatalf("close: %v; recall: %v", cl.err, re.err)
+			}
+			r := cl.rs[0]
+			switch c.holder {
+			case "recall": // the close reads the batch RECALLED
+				if r.Outcome != domain.Closed || r.Withdrawn != 1 || r.Released != 0 || re.rec.Withdrawn != 2 || re.rec.Locked != 1 {
+					t.Errorf("close %+v, recall %+v", r, re.rec)
+				}
+			case "close": // the recall finds the card RECYCLED
+				if r.Outcome != domain.Closed || r.Withdrawn != 0 || r.Released != 1 || re.rec.Withdrawn != 3 || re.rec.Locked != 0 {
+					t.Errorf("close %+v, recall %+v", r, re.rec)
+				}
+			}
+			if got := b.cardStatuses(t, o.OrderNo); got[domain.CardWithdrawn] != 1 || len(got) != 1 {
+				t.Errorf("the closed order's card: %v, want WITHDRAWN", got)
+			}
+			if rows := forSale(t, db, p.ID); len(rows) != 0 {
+				t.Errorf("cards %v of the recalled batch on sale", rows)
+			}
+			if n := deadlocks.n.Load(); n > 0 {
+				t.Errorf("%d statements ended in a deadlock", n)
+			}
+			b.mustAudit(t)
+		})
+	}
+}
+
+// TestBatchMovesLeaveTheirStatuses: a batch's UPDATE on PostgreSQL
+// (transitionLocked) fetches each row at the place its lock read; a row
+// another transaction changed and committed meanwhile is locked at its
+// new place, which the UPDATE's snapshot does not see, and is skipped
+// whatever its status. That is right only while every change of a
+// PENDING order or a LOCKED card takes it out of that status: no
+// transition may move an order from PENDING to PENDING or a card from
+// LOCKED to LOCKED (a "touch" of such a row would make the close and the
+// payment batches skip it).
+func TestBatchMovesLeaveTheirStatuses(t *testing.T) {
+	t.Parallel()
+	held := map[string]string{"orders": string(domain.OrderPending), "card_stock": string(domain.CardLocked)}
+	for _, tr := range domain.Transitions {
+		if s, ok := held[tr.Table]; ok && slices.Contains(tr.From, s) && tr.To == s {
+			t.Errorf("%s moves %s rows from %s to %s: a batch's UPDATE racing it would skip the row", tr.Name, tr.Table, s, s)
+		}
 	}
 }
