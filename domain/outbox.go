@@ -110,6 +110,11 @@ func newEvent(t EventType, subject string, object any) Event {
 	if outboxOff.Load() {
 		return Event{}
 	}
+	if o, ok := object.(OrderObject); ok {
+		if b, ok := o.appendJSON(make([]byte, 0, 512)); ok {
+			return Event{Type: t, Subject: subject, Payload: string(b)}
+		}
+	}
 	b, err := json.Marshal(object)
 	if err != nil {
 		// Only plain structs of strings, numbers and times are marshalled.

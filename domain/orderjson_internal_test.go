@@ -1,0 +1,110 @@
+package domain
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestOrderObjectJSONIsEncodingJSONs: the order events' payload written by
+// appendJSON is byte for byte encoding/json's, for plain orders (which it
+// must write itself, or it saves nothing) and for every kind of text and
+// time it must hand back to encoding/json.
+func TestOrderObjectJSONIsEncodingJSONs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	plain := "0123456789abcXYZ @.-_+:/=!#$%'()*,;?[]^`{|}~"
+	tricky := []string{`"`, `\`, "<", ">", "&", "\n", "\t", "\x00", "\x1f", "\x7f", "é", "卡密", "\u2028", "\u2029", "\xff", "\xe5\x8d"}
+	text := func(hard bool) string {
+		var b []byte
+		for range rng.IntN(12) {
+			b = append(b, plain[rng.IntN(len(plain))])
+		}
+		if hard {
+			at := rng.IntN(len(b) + 1)
+			b = append(b[:at], append([]byte(tricky[rng.IntN(len(tricky))]), b[at:]...)...)
+		}
+		return string(b)
+	}
+	zones := []*time.Location{time.UTC, time.FixedZone("CST", 8*3600), time.FixedZone("", -(3*3600 + 1800)), time.FixedZone("odd", 3600+17)}
+	when := func() time.Time {
+		years := []int{2026, 1, 9999, 10000, -1}
+		y := years[0]
+		if rng.IntN(10) == 0 {
+			y = years[rng.IntN(len(years))]
+		}
+		nanos := []int{0, 1, 120000000, 123456789, 999999999}
+		return time.Date(y, time.Month(1+rng.IntN(12)), 1+rng.IntN(28), rng.IntN(24), rng.IntN(60), rng.IntN(60),
+			nanos[rng.IntN(len(nanos))], zones[rng.IntN(len(zones))])
+	}
+	maybe := func() *time.Time {
+		if rng.IntN(2) == 0 {
+			return nil
+		}
+		t := when()
+		return &t
+	}
+	wrote := 0
+	for i := range 20000 {
+		hard := i%2 == 1
+		o := OrderObject{OrderNo: text(hard && rng.IntN(4) == 0), Status: OrderStatus(text(hard && rng.IntN(4) == 0)),
+			ProductID: text(false), Quantity: rng.IntN(2000) - 1000, Amount: text(false), Contact: text(hard),
+			Provider: text(false), ExpiresAt: when(), CreatedAt: when(), PaidAt: maybe(), ClosedAt: maybe(), RefundedAt: maybe()}
+		if rng.IntN(2) == 0 {
+			s := text(hard && rng.IntN(2) == 0)
+			o.TradeNo = &s
+		}
+		if rng.IntN(50) == 0 {
+			o.Cards = []string{text(false)}
+		}
+		if rng.IntN(50) == 0 {
+			o.CodesWithheld = text(false)
+		}
+		want, err := json.Marshal(o)
+		got, ok := o.appendJSON([]byte("prefix"))
+		if !ok {
+			if string(got) != "prefix" {
+				t.Fatalf("declined %+v but left %q", o, got)
+			}
+			continue
+		}
+		wrote++
+		if err != nil {
+			t.Fatalf("wrote %s where encoding/json refuses %+v: %v", got, o, err)
+		}
+		if !bytes.Equal(got, append([]byte("prefix"), want...)) {
+			t.Fatalf("%+v:\nappendJSON   %s\nencoding/json %s", o, got[len("prefix"):], want)
+		}
+	}
+	// The plain half is most of what a shop writes: it must be written here.
+	if wrote < 5000 {
+		t.Errorf("appendJSON wrote %d of 20000 orders itself, want most of the plain ones", wrote)
+	}
+}
+
+// BenchmarkOrderEventPayload: an order event's payload by appendJSON
+// against encoding/json.
+func BenchmarkOrderEventPayload(b *testing.B) {
+	paid := time.Date(2026, 12, 3, 8, 1, 2, 345678000, time.UTC)
+	trade := "2026120322001400001234567890"
+	o := OrderObject{OrderNo: "26120308010212345678", Status: OrderPaid, ProductID: "42", Quantity: 1, Amount: "12.50",
+		Contact: "buyer@example.com", Provider: "alipay", ExpiresAt: paid.Add(15 * time.Minute), CreatedAt: paid.Add(-time.Minute),
+		PaidAt: &paid, TradeNo: &trade}
+	b.Run("appendJSON", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := o.appendJSON(make([]byte, 0, 512)); !ok {
+				b.Fatal("declined")
+			}
+		}
+	})
+	b.Run("encoding/json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := json.Marshal(o); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
