@@ -78,7 +78,16 @@ func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, err
 	}
 	if pc, ok := conn.(*stdlib.Conn); ok {
-		return &bindConn{Conn: pc, mode: c.mode}, nil
+		// A URL may turn pgx's caches off (statement_cache_capacity=0,
+		// as behind a pooler in transaction mode) without naming a mode:
+		// pgx then refuses the cached modes, and every close would fail.
+		// The statement then goes unprepared, as exec sends it.
+		mode, config := c.mode, pc.Conn().Config()
+		if mode == pgx.QueryExecModeCacheStatement && config.StatementCacheCapacity == 0 ||
+			mode == pgx.QueryExecModeCacheDescribe && config.DescriptionCacheCapacity == 0 {
+			mode = pgx.QueryExecModeExec
+		}
+		return &bindConn{Conn: pc, mode: mode}, nil
 	}
 	return conn, nil
 }
