@@ -3,9 +3,11 @@ package domain
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/pgdialect"
@@ -101,11 +103,40 @@ type bindConn struct {
 }
 
 func (c *bindConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.Conn.QueryContext(ctx, query, c.withArgs(ctx, args))
+	withArgs := c.withArgs(ctx, args)
+	rows, err := c.Conn.QueryContext(ctx, query, withArgs)
+	if c.again(err, args, withArgs) {
+		return c.Conn.QueryContext(ctx, query, withArgs)
+	}
+	return rows, err
 }
 
 func (c *bindConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.Conn.ExecContext(ctx, query, c.withArgs(ctx, args))
+	withArgs := c.withArgs(ctx, args)
+	res, err := c.Conn.ExecContext(ctx, query, withArgs)
+	if c.again(err, args, withArgs) {
+		return c.Conn.ExecContext(ctx, query, withArgs)
+	}
+	return res, err
+}
+
+// again reports a statement sent with binds that PostgreSQL refused
+// because it was prepared before a migration changed the type of a
+// column it returns (planChanged), outside a transaction: pgx has
+// dropped it from its cache, and sent again it is prepared anew. In a
+// transaction, which the refusal aborted, the transaction runs again
+// instead (isRetryable).
+func (c *bindConn) again(err error, args, withArgs []driver.NamedValue) bool {
+	return len(withArgs) > len(args) && planChanged(err) && c.Conn.Conn().PgConn().TxStatus() == 'I'
+}
+
+// planChanged reports PostgreSQL refusing a statement prepared before a
+// column it returns changed type (a migration, a newer process's in a
+// rolling upgrade). pgx drops the statement from its cache on any error,
+// so the connection prepares it anew the next time it runs.
+func planChanged(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "0A000" && pgErr.Message == "cached plan must not change result type"
 }
 
 // withArgs is args, or, when there are none and ctx carries binds, the

@@ -3,33 +3,18 @@ package domain_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"testing"
 
 	"github.com/uptrace/bun"
 
 	"kami/domain"
-	"kami/domain/dbtest"
 	"kami/migrations"
 )
 
 // openPGMigrated is openPG with the schema migrated, for a ledger.
 func openPGMigrated(t *testing.T, extra map[string]string) *bun.DB {
 	t.Helper()
-	u, err := url.Parse(dbtest.URL(t, dbtest.Postgres))
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	for k, v := range extra {
-		q.Set(k, v)
-	}
-	u.RawQuery = q.Encode()
-	db, err := domain.OpenDB(context.Background(), u.String(), t.TempDir(), domain.DBOptions{MaxOpenConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openPG(t, extra)
 	if _, err := migrations.Migrate(context.Background(), db); err != nil {
 		t.Fatal(err)
 	}
@@ -91,5 +76,39 @@ func TestPGCloseInEveryExecMode(t *testing.T) {
 				closeBatches(t, b, 7)
 			})
 		}
+	}
+}
+
+// TestPGCloseAfterAMigration: a migration (or a newer process of a
+// rolling upgrade) alters the tables under a connection's prepared close
+// statements (binds.go) between two closes: the next close still closes.
+// A column added changes nothing a statement returns; a returned
+// column's type changed makes PostgreSQL refuse the prepared statement
+// ("cached plan must not change result type"): the statement is
+// prepared anew, and a transaction it aborted runs again.
+func TestPGCloseAfterAMigration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openPGMigrated(t, nil)
+	db.SetMaxOpenConns(1) // the statements prepared are the next close's
+	b := setup(t, db, domain.Config{MaxPendingPerAddress: 100})
+	closeBatches(t, b, 3)
+	// The pre-close check's read, outside a transaction, prepared too.
+	if _, _, err := b.ledger.PendingOfForTest(ctx, []string{"none"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ddl := range []string{
+		"ALTER TABLE orders ADD COLUMN note text",
+		"ALTER TABLE card_stock ADD COLUMN note text",
+		"ALTER TABLE orders ALTER COLUMN provider TYPE varchar(77)",
+		"ALTER TABLE card_stock ALTER COLUMN order_no TYPE varchar(77)",
+	} {
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.ledger.PendingOfForTest(ctx, []string{"none"}); err != nil {
+			t.Fatalf("after %s, the pre-close check: %v", ddl, err)
+		}
+		closeBatches(t, b, 3)
 	}
 }

@@ -391,9 +391,11 @@ func isUniqueViolation(err error) bool {
 }
 
 // isRetryable reports errors after which the whole transaction may simply
-// run again: deadlocks, serialization failures, lock timeouts, a busy SQLite.
+// run again: deadlocks, serialization failures, lock timeouts, a busy SQLite,
+// a statement prepared before a migration changed what it returns
+// (planChanged: prepared anew the next time).
 func isRetryable(err error) bool {
-	if errors.Is(err, errRetry) {
+	if errors.Is(err, errRetry) || planChanged(err) {
 		return true
 	}
 	var pgErr *pgconn.PgError
