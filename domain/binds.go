@@ -59,9 +59,11 @@ func (b *binds) array(v any) any {
 type bindsKey struct{}
 
 // withBinds is ctx carrying b's values to the statement run with it; ctx
-// itself when b is nil or empty.
+// itself when b is nil. The values are read when the statement is sent:
+// those added after this call (a statement built after its context, as
+// in writeAll(withBinds(ctx, b), tx, flowInsert(tx, b, …))) go too.
 func withBinds(ctx context.Context, b *binds) context.Context {
-	if b == nil || len(b.values) == 0 {
+	if b == nil {
 		return ctx
 	}
 	return context.WithValue(ctx, bindsKey{}, b)
@@ -143,7 +145,7 @@ func planChanged(err error) bool {
 // send mode and the binds' values.
 func (c *bindConn) withArgs(ctx context.Context, args []driver.NamedValue) []driver.NamedValue {
 	b, ok := ctx.Value(bindsKey{}).(*binds)
-	if !ok || len(args) > 0 {
+	if !ok || len(b.values) == 0 || len(args) > 0 {
 		return args
 	}
 	out := make([]driver.NamedValue, 0, 1+len(b.values))

@@ -3,7 +3,10 @@ package domain_test
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/uptrace/bun"
 
@@ -110,5 +113,63 @@ func TestPGCloseAfterAMigration(t *testing.T) {
 			t.Fatalf("after %s, the pre-close check: %v", ddl, err)
 		}
 		closeBatches(t, b, 3)
+	}
+}
+
+// TestPGBindsWriteAsLiterals: a close's events and journal entries
+// written with binds are stored as written with their values in the
+// text: payloads (JSON with unicode, quotes, backslashes, braces) byte for
+// byte, text that looks like NULL or an array, an empty order number as
+// NULL, journal types as smallint, times of another zone as the same instant.
+func TestPGBindsWriteAsLiterals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openPGMigrated(t, nil)
+	p := setup(t, db, domain.Config{}).product(t, 100, 0)
+	now := time.Date(2026, 12, 2, 14, 3, 4, 123456789, time.FixedZone("CST", 8*3600))
+	odd := []string{`{"contact":"o'brien\\\"卡密\" 😀","note":"\u0000-free, {a,b} NULL"}`, "NULL", "", `{}`, `"quoted"`, `back\slash`, "a,b", "{x,y}", "  spaced  "}
+	var evs []domain.Event
+	var flows []domain.StockFlow
+	for i, s := range odd {
+		evs = append(evs, domain.Event{Type: "order.closed", Subject: s, Payload: s})
+		flows = append(flows, domain.StockFlow{ProductID: p.ID, OrderNo: "", ChangeType: domain.FlowType(i%7 + 1), Quantity: i + 1})
+	}
+	type stored struct {
+		Type, Subject, Payload string
+		OccurredAt             time.Time
+	}
+	type flow struct {
+		ProductID  int64
+		OrderNo    *string
+		ChangeType int
+		Quantity   int
+		CreatedAt  time.Time
+	}
+	var got [2][]stored
+	var gotFlows [2][]flow
+	for i, bound := range []bool{false, true} {
+		if err := domain.WriteEventsAndFlowsForTest(ctx, db, now, slices.Clone(evs), slices.Clone(flows), bound); err != nil {
+			t.Fatalf("bound %v: %v", bound, err)
+		}
+		if err := db.NewRaw("SELECT type, subject, payload, occurred_at FROM events ORDER BY id OFFSET ?", i*len(odd)).Scan(ctx, &got[i]); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.NewRaw("SELECT product_id, order_no, change_type, quantity, created_at FROM stock_flow ORDER BY id OFFSET ?", i*len(odd)).Scan(ctx, &gotFlows[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !reflect.DeepEqual(got[0], got[1]) || len(got[1]) != len(odd) {
+		t.Fatalf("events in the text:\n%+v\nwith binds:\n%+v", got[0], got[1])
+	}
+	for i, e := range got[1] {
+		if e.Payload != odd[i] || !e.OccurredAt.Equal(now.Truncate(time.Microsecond)) {
+			t.Errorf("event %d stored %+v, written %q at %v", i, e, odd[i], now)
+		}
+	}
+	if !reflect.DeepEqual(gotFlows[0], gotFlows[1]) || len(gotFlows[1]) != len(odd) {
+		t.Fatalf("journal in the text:\n%+v\nwith binds:\n%+v", gotFlows[0], gotFlows[1])
+	}
+	if gotFlows[1][0].OrderNo != nil {
+		t.Errorf("an empty order number stored as %q, want NULL", *gotFlows[1][0].OrderNo)
 	}
 }
