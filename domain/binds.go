@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -74,6 +75,12 @@ func withBinds(ctx context.Context, b *binds) context.Context {
 type bindConnector struct {
 	driver.Connector
 	mode pgx.QueryExecMode // how a statement with binds is sent
+	// unprepared is set once the server lost a statement pgx prepared
+	// on this connection, or had one of its name already (preparedLost):
+	// a pooler in transaction mode (PgBouncer) hands each transaction
+	// another server connection. From then on the pool's statements with
+	// binds go unprepared (exec), as they must there.
+	unprepared *atomic.Bool
 }
 
 func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -91,7 +98,7 @@ func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
 			mode == pgx.QueryExecModeCacheDescribe && config.DescriptionCacheCapacity == 0 {
 			mode = pgx.QueryExecModeExec
 		}
-		return &bindConn{Conn: pc, mode: mode}, nil
+		return &bindConn{Conn: pc, mode: mode, unprepared: c.unprepared}, nil
 	}
 	return conn, nil
 }
@@ -101,7 +108,8 @@ func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // of its own: it writes them into the text.
 type bindConn struct {
 	*stdlib.Conn
-	mode pgx.QueryExecMode
+	mode       pgx.QueryExecMode
+	unprepared *atomic.Bool // bindConnector's
 }
 
 func (c *bindConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
@@ -124,12 +132,29 @@ func (c *bindConn) ExecContext(ctx context.Context, query string, args []driver.
 
 // again reports a statement sent with binds that PostgreSQL refused
 // because it was prepared before a migration changed the type of a
-// column it returns (planChanged), outside a transaction: pgx has
-// dropped it from its cache, and sent again it is prepared anew. In a
-// transaction, which the refusal aborted, the transaction runs again
-// instead (isRetryable).
+// column it returns (planChanged), or because the server connection
+// lost it or had another of its name (preparedLost, a pooler: the pool's
+// statements then go unprepared), outside a transaction: pgx has dropped
+// it from its cache, and sent again it is prepared anew (or goes
+// unprepared). In a transaction, which the refusal aborted, the
+// transaction runs again instead (isRetryable).
 func (c *bindConn) again(err error, args, withArgs []driver.NamedValue) bool {
-	return len(withArgs) > len(args) && planChanged(err) && c.Conn.Conn().PgConn().TxStatus() == 'I'
+	if len(withArgs) == len(args) {
+		return false
+	}
+	lost := preparedLost(err)
+	if lost && withArgs[0].Value == pgx.QueryExecModeCacheStatement {
+		c.unprepared.Store(true)
+		withArgs[0].Value = pgx.QueryExecModeExec
+	}
+	return (lost || planChanged(err)) && c.Conn.Conn().PgConn().TxStatus() == 'I'
+}
+
+// preparedLost reports PostgreSQL refusing a prepared statement it does
+// not have (26000), or the preparing of one whose name it has (42P05).
+func preparedLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05")
 }
 
 // planChanged reports PostgreSQL refusing a statement prepared before a
@@ -149,7 +174,11 @@ func (c *bindConn) withArgs(ctx context.Context, args []driver.NamedValue) []dri
 		return args
 	}
 	out := make([]driver.NamedValue, 0, 1+len(b.values))
-	out = append(out, driver.NamedValue{Ordinal: 1, Value: c.mode})
+	mode := c.mode
+	if mode == pgx.QueryExecModeCacheStatement && c.unprepared.Load() {
+		mode = pgx.QueryExecModeExec
+	}
+	out = append(out, driver.NamedValue{Ordinal: 1, Value: mode})
 	for i, v := range b.values {
 		out = append(out, driver.NamedValue{Ordinal: i + 2, Value: v})
 	}

@@ -173,3 +173,32 @@ func TestPGBindsWriteAsLiterals(t *testing.T) {
 		t.Errorf("an empty order number stored as %q, want NULL", *gotFlows[1][0].OrderNo)
 	}
 }
+
+// TestPGCloseBehindAPooler: behind a pooler in transaction mode
+// (PgBouncer) without a mode in the URL, a statement pgx prepared on one
+// server connection is missing on the next transaction's (DEALLOCATE ALL
+// stands for that here): the close and the pre-close check run all the
+// same, and the pool's statements with binds go unprepared from then on.
+func TestPGCloseBehindAPooler(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openPGMigrated(t, nil)
+	db.SetMaxOpenConns(1) // the statements prepared are the next close's
+	b := setup(t, db, domain.Config{MaxPendingPerAddress: 100})
+	for i := range 3 {
+		closeBatches(t, b, 3)
+		if _, _, err := b.ledger.PendingOfForTest(ctx, []string{"none"}); err != nil {
+			t.Fatalf("round %d, the pre-close check: %v", i, err)
+		}
+		if _, err := db.ExecContext(ctx, "DEALLOCATE ALL"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var prepared int
+	if err := db.NewRaw("SELECT count(*) FROM pg_prepared_statements").Scan(ctx, &prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared != 0 {
+		t.Errorf("%d statements prepared after the server lost them, want none", prepared)
+	}
+}
