@@ -24,6 +24,15 @@ func openPGMigrated(t *testing.T, extra map[string]string) *bun.DB {
 	return db
 }
 
+// oneConnLedger is a ledger over a fresh PostgreSQL schema through one
+// connection: the statements it prepared are the next close's.
+func oneConnLedger(t *testing.T) (*bun.DB, *bundle) {
+	t.Helper()
+	db := openPGMigrated(t, nil)
+	db.SetMaxOpenConns(1)
+	return db, setup(t, db, domain.Config{MaxPendingPerAddress: 100})
+}
+
 // closeBatches places n orders of two cards each and closes them in
 // batches of three (a close's statements with binds, binds.go), each
 // expected closed with its cards released.
@@ -92,9 +101,7 @@ func TestPGCloseInEveryExecMode(t *testing.T) {
 func TestPGCloseAfterAMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := openPGMigrated(t, nil)
-	db.SetMaxOpenConns(1) // the statements prepared are the next close's
-	b := setup(t, db, domain.Config{MaxPendingPerAddress: 100})
+	db, b := oneConnLedger(t)
 	closeBatches(t, b, 3)
 	// The pre-close check's read, outside a transaction, prepared too.
 	if _, _, err := b.ledger.PendingOfForTest(ctx, []string{"none"}); err != nil {
@@ -182,9 +189,7 @@ func TestPGBindsWriteAsLiterals(t *testing.T) {
 func TestPGCloseBehindAPooler(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := openPGMigrated(t, nil)
-	db.SetMaxOpenConns(1) // the statements prepared are the next close's
-	b := setup(t, db, domain.Config{MaxPendingPerAddress: 100})
+	db, b := oneConnLedger(t)
 	for i := range 3 {
 		closeBatches(t, b, 3)
 		if _, _, err := b.ledger.PendingOfForTest(ctx, []string{"none"}); err != nil {
