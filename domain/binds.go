@@ -3,9 +3,12 @@ package domain
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/pgdialect"
@@ -57,9 +60,11 @@ func (b *binds) array(v any) any {
 type bindsKey struct{}
 
 // withBinds is ctx carrying b's values to the statement run with it; ctx
-// itself when b is nil or empty.
+// itself when b is nil. The values are read when the statement is sent:
+// those added after this call (a statement built after its context, as
+// in writeAll(withBinds(ctx, b), tx, flowInsert(tx, b, …))) go too.
 func withBinds(ctx context.Context, b *binds) context.Context {
-	if b == nil || len(b.values) == 0 {
+	if b == nil {
 		return ctx
 	}
 	return context.WithValue(ctx, bindsKey{}, b)
@@ -70,6 +75,12 @@ func withBinds(ctx context.Context, b *binds) context.Context {
 type bindConnector struct {
 	driver.Connector
 	mode pgx.QueryExecMode // how a statement with binds is sent
+	// unprepared is set once the server lost a statement pgx prepared
+	// on this connection, or had one of its name already (preparedLost):
+	// a pooler in transaction mode (PgBouncer) hands each transaction
+	// another server connection. From then on the pool's statements with
+	// binds go unprepared (exec), as they must there.
+	unprepared *atomic.Bool
 }
 
 func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -78,7 +89,16 @@ func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, err
 	}
 	if pc, ok := conn.(*stdlib.Conn); ok {
-		return &bindConn{Conn: pc, mode: c.mode}, nil
+		// A URL may turn pgx's caches off (statement_cache_capacity=0,
+		// as behind a pooler in transaction mode) without naming a mode:
+		// pgx then refuses the cached modes, and every close would fail.
+		// The statement then goes unprepared, as exec sends it.
+		mode, config := c.mode, pc.Conn().Config()
+		if mode == pgx.QueryExecModeCacheStatement && config.StatementCacheCapacity == 0 ||
+			mode == pgx.QueryExecModeCacheDescribe && config.DescriptionCacheCapacity == 0 {
+			mode = pgx.QueryExecModeExec
+		}
+		return &bindConn{Conn: pc, mode: mode, unprepared: c.unprepared}, nil
 	}
 	return conn, nil
 }
@@ -88,26 +108,77 @@ func (c bindConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // of its own: it writes them into the text.
 type bindConn struct {
 	*stdlib.Conn
-	mode pgx.QueryExecMode
+	mode       pgx.QueryExecMode
+	unprepared *atomic.Bool // bindConnector's
 }
 
 func (c *bindConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.Conn.QueryContext(ctx, query, c.withArgs(ctx, args))
+	withArgs := c.withArgs(ctx, args)
+	rows, err := c.Conn.QueryContext(ctx, query, withArgs)
+	if c.again(err, args, withArgs) {
+		return c.Conn.QueryContext(ctx, query, withArgs)
+	}
+	return rows, err
 }
 
 func (c *bindConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.Conn.ExecContext(ctx, query, c.withArgs(ctx, args))
+	withArgs := c.withArgs(ctx, args)
+	res, err := c.Conn.ExecContext(ctx, query, withArgs)
+	if c.again(err, args, withArgs) {
+		return c.Conn.ExecContext(ctx, query, withArgs)
+	}
+	return res, err
+}
+
+// again reports a statement sent with binds that PostgreSQL refused
+// because it was prepared before a migration changed the type of a
+// column it returns (planChanged), or because the server connection
+// lost it or had another of its name (preparedLost, a pooler: the pool's
+// statements then go unprepared), outside a transaction: pgx has dropped
+// it from its cache, and sent again it is prepared anew (or goes
+// unprepared). In a transaction, which the refusal aborted, the
+// transaction runs again instead (isRetryable).
+func (c *bindConn) again(err error, args, withArgs []driver.NamedValue) bool {
+	if len(withArgs) == len(args) {
+		return false
+	}
+	lost := preparedLost(err)
+	if lost && withArgs[0].Value == pgx.QueryExecModeCacheStatement {
+		c.unprepared.Store(true)
+		withArgs[0].Value = pgx.QueryExecModeExec
+	}
+	return (lost || planChanged(err)) && c.Conn.Conn().PgConn().TxStatus() == 'I'
+}
+
+// preparedLost reports PostgreSQL refusing a prepared statement it does
+// not have (26000), or the preparing of one whose name it has (42P05).
+func preparedLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05")
+}
+
+// planChanged reports PostgreSQL refusing a statement prepared before a
+// column it returns changed type (a migration, a newer process's in a
+// rolling upgrade). pgx drops the statement from its cache on any error,
+// so the connection prepares it anew the next time it runs.
+func planChanged(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "0A000" && pgErr.Message == "cached plan must not change result type"
 }
 
 // withArgs is args, or, when there are none and ctx carries binds, the
 // send mode and the binds' values.
 func (c *bindConn) withArgs(ctx context.Context, args []driver.NamedValue) []driver.NamedValue {
 	b, ok := ctx.Value(bindsKey{}).(*binds)
-	if !ok || len(args) > 0 {
+	if !ok || len(b.values) == 0 || len(args) > 0 {
 		return args
 	}
 	out := make([]driver.NamedValue, 0, 1+len(b.values))
-	out = append(out, driver.NamedValue{Ordinal: 1, Value: c.mode})
+	mode := c.mode
+	if mode == pgx.QueryExecModeCacheStatement && c.unprepared.Load() {
+		mode = pgx.QueryExecModeExec
+	}
+	out = append(out, driver.NamedValue{Ordinal: 1, Value: mode})
 	for i, v := range b.values {
 		out = append(out, driver.NamedValue{Ordinal: i + 2, Value: v})
 	}

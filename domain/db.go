@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -106,7 +107,9 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		// A close's statements, written with binds, are prepared once per
 		// connection and kept (binds.go), unless the URL names a mode
 		// (such as exec or simple_protocol behind a pooler that keeps no
-		// prepared statements), which they then use too.
+		// prepared statements), which they then use too. A pooler the URL
+		// does not tell of shows itself by losing a statement: from then
+		// on they go unprepared (bindConnector.unprepared).
 		bindMode := pgx.QueryExecModeCacheStatement
 		if named := q.Get("default_query_exec_mode"); named == "" {
 			q.Set("default_query_exec_mode", "exec")
@@ -135,7 +138,7 @@ func OpenDB(ctx context.Context, rawURL, dataDir string, opts DBOptions) (*bun.D
 		}
 		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 		sqldb, err = openSQL("pgx", u.String(), func(c driver.Connector) driver.Connector {
-			return bindConnector{Connector: c, mode: bindMode}
+			return bindConnector{Connector: c, mode: bindMode, unprepared: new(atomic.Bool)}
 		}, opts.WrapConnector)
 		if err != nil {
 			return nil, fmt.Errorf("KAMI_DATABASE_URL: %w", err)
@@ -391,9 +394,13 @@ func isUniqueViolation(err error) bool {
 }
 
 // isRetryable reports errors after which the whole transaction may simply
-// run again: deadlocks, serialization failures, lock timeouts, a busy SQLite.
+// run again: deadlocks, serialization failures, lock timeouts, a busy SQLite,
+// a statement prepared before a migration changed what it returns
+// (planChanged: prepared anew the next time), one a pooler's server
+// connection lost or already had (preparedLost: sent unprepared from then
+// on, binds.go).
 func isRetryable(err error) bool {
-	if errors.Is(err, errRetry) {
+	if errors.Is(err, errRetry) || planChanged(err) || preparedLost(err) {
 		return true
 	}
 	var pgErr *pgconn.PgError

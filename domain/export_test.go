@@ -99,3 +99,17 @@ func BindsOfForTest(ctx context.Context) []any {
 func WithBindsForTest(ctx context.Context, values []any) context.Context {
 	return withBinds(ctx, &binds{values: values})
 }
+
+// WriteEventsAndFlowsForTest writes evs and flows as a close's writes do
+// on PostgreSQL (writeAll), with binds when bound, else with their values
+// in the text.
+func WriteEventsAndFlowsForTest(ctx context.Context, db *bun.DB, now time.Time, evs []Event, flows []StockFlow, bound bool) error {
+	return db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+		var b *binds
+		if bound {
+			b = &binds{}
+		}
+		_, err := writeAll(withBinds(ctx, b), tx, eventsInsert(tx, b, now, evs), flowInsert(tx, b, now, flows))
+		return err
+	})
+}

@@ -93,8 +93,9 @@ func writeAll(ctx context.Context, tx bun.IDB, qs ...writeQuery) ([]int64, error
 				q.Returning("1")
 			}
 		case *bun.RawQuery:
-			// An INSERT … SELECT from arrays (flowInsert, eventsInsert),
-			// written with its RETURNING 1.
+			// An INSERT … SELECT from arrays (flowInsert, eventsInsert,
+			// putOnSale with binds) or a DELETE of rows probed by key
+			// (deleteProbedPG), written with its RETURNING 1.
 		default:
 			return nil, fmt.Errorf("writeAll: %T is not an INSERT, UPDATE or DELETE", q)
 		}
