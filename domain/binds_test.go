@@ -41,13 +41,8 @@ func closeBatches(t *testing.T, b *bundle, n int) {
 	ctx := context.Background()
 	p := b.product(t, 100, 2*n)
 	var nos []string
-	for i := range n {
-		placed, err := b.ledger.PlaceOrder(ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 2,
-			Contact: fmt.Sprintf("buyer%d@example.com", i), Provider: "sandbox", ClientAddr: "10.1.1.1"})
-		if err != nil {
-			t.Fatal(i, err)
-		}
-		nos = append(nos, placed.Order.OrderNo)
+	for range n {
+		nos = append(nos, b.order(t, p, 2).Order.OrderNo)
 	}
 	for i := 0; i < n; i += 3 {
 		rs, err := b.ledger.CloseOrders(ctx, nos[i:min(i+3, n)], domain.CloseCancel)
