@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -186,5 +187,47 @@ func TestOrderObjectJSONEdges(t *testing.T) {
 	// 1,247 with the tz database), not handed back: they test appendJSON.
 	if wrote < 300 {
 		t.Errorf("appendJSON wrote %d of the edges itself, declined %d", wrote, declined)
+	}
+}
+
+// TestOrderObjectJSONWritesEveryField: with every field of OrderObject
+// set (but the two set only at delivery, which appendJSON hands back to
+// encoding/json), appendJSON writes the order itself and as encoding/json
+// does. A field added to OrderObject and not to appendJSON fails here,
+// also one with omitempty, which the random orders leave empty.
+func TestOrderObjectJSONWritesEveryField(t *testing.T) {
+	delivery := map[string]bool{"Cards": true, "CodesWithheld": true}
+	at := time.Date(2026, 12, 3, 8, 1, 2, 345678000, time.FixedZone("CST", 8*3600))
+	var o OrderObject
+	v := reflect.ValueOf(&o).Elem()
+	for i := range v.NumField() {
+		f, name := v.Field(i), v.Type().Field(i).Name
+		if delivery[name] {
+			continue
+		}
+		switch {
+		case f.Kind() == reflect.String:
+			f.SetString(name)
+		case f.Kind() == reflect.Int:
+			f.SetInt(int64(i + 1))
+		case f.Type() == reflect.TypeFor[time.Time]():
+			f.Set(reflect.ValueOf(at.Add(time.Duration(i) * time.Second)))
+		case f.Type() == reflect.TypeFor[*time.Time]():
+			when := at.Add(time.Duration(i) * time.Hour)
+			f.Set(reflect.ValueOf(&when))
+		case f.Type() == reflect.TypeFor[*string]():
+			s := name
+			f.Set(reflect.ValueOf(&s))
+		default:
+			t.Fatalf("OrderObject.%s is a %s, which this test cannot fill: teach it and appendJSON", name, f.Type())
+		}
+	}
+	want, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := o.appendJSON(nil)
+	if !ok || !bytes.Equal(got, want) {
+		t.Fatalf("every field set (ok %v):\nappendJSON    %s\nencoding/json %s", ok, got, want)
 	}
 }
