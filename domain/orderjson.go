@@ -8,13 +8,14 @@ import (
 // appendJSON appends o as encoding/json writes it. Every order event of
 // every place, payment and close carries one, and encoding/json (by
 // reflection, each time through MarshalJSON for the times) was an eighth
-// of kami's CPU in a close drain. ok is false, and b left as it was, where
-// o holds anything this does not write byte for byte as encoding/json
-// does: text needing an escape (a quote, a backslash, a control
-// character, <, > or &, anything outside ASCII), a time encoding/json
-// refuses, the fields set only at delivery. The caller then marshals it
-// with encoding/json (newEvent). TestOrderObjectJSONIsEncodingJSONs holds
-// the two to the same bytes.
+// of kami's CPU in a close drain. ok is false (b returned as given,
+// though the room past its length may have been written) where o holds
+// anything this does not write byte for byte as encoding/json does: text
+// needing an escape (a quote, a backslash, a control character, <, > or
+// &, anything outside ASCII), a time encoding/json refuses, the fields
+// set only at delivery. The caller then marshals it with encoding/json
+// (newEvent). TestOrderObjectJSONIsEncodingJSONs, TestOrderObjectJSONEdges
+// and TestOrderObjectJSONWritesEveryField hold the two to the same bytes.
 func (o *OrderObject) appendJSON(b []byte) (_ []byte, ok bool) {
 	if len(o.Cards) > 0 || o.CodesWithheld != "" {
 		return b, false
