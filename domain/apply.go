@@ -90,8 +90,9 @@ func byIDs(ids []int64) rowsNamed {
 // places (ctid) as the lock read them, on PostgreSQL only: the UPDATE
 // fetches each at its place, with no look-up and no second lock. A row's
 // place changes only when the row is updated, which a lock held prevents.
+// The places go as text, cast to tid[].
 func byPlaces(ctids []string) rowsNamed {
-	return rowsNamed{column: "ctid", array: "tid[]", values: ctids}
+	return rowsNamed{column: "ctid", array: "text[]", values: ctids}
 }
 
 // lockedCardRows names cards read and locked by this transaction's close
@@ -173,16 +174,15 @@ func transitionLocked(db bun.IDB, b *binds, t Transition, now any, rows rowsName
 		if rows.column == "ctid" {
 			// Already locked by this transaction (byPlaces).
 			return transitionAt(db, t, b.value(now), func(q *bun.UpdateQuery) *bun.UpdateQuery {
-				return extra(q.Where("ctid = ANY(?::text[]::tid[])", b.array(rows.values)))
+				return extra(q.Where("ctid = ANY(?::"+rows.array+"::tid[])", b.array(rows.values)))
 			}, cols)
 		}
 	default:
 		return transitionAt(db, t, now, func(q *bun.UpdateQuery) *bun.UpdateQuery { return extra(rows.where(q)) }, cols)
 	}
+	places, args := probedPlaces(b, t.Table, rows.array, rows.values, "? = u.v", true, bun.Ident(rows.column))
 	q := db.NewUpdate().Table(t.Table).
-		Where(`ctid = ANY(ARRAY(SELECT r.ctid FROM unnest(?::`+rows.array+`) AS u(v)
-			CROSS JOIN LATERAL (SELECT ctid FROM ? WHERE ? = u.v ORDER BY id OFFSET 0 FOR NO KEY UPDATE) AS r))`,
-			b.array(rows.values), bun.Ident(t.Table), bun.Ident(rows.column)).
+		Where(places, args...).
 		Set("status = ?", t.To).
 		Set("updated_at = ?", b.value(now))
 	for _, c := range cols {

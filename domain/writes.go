@@ -33,10 +33,27 @@ type writeQuery interface {
 // so a place found is the row deleted, or skipped if another transaction
 // deleted it meanwhile, as the IN list's DELETE would.
 func deleteProbedPG(db bun.IDB, b *binds, table, array string, values any, cond string, args ...any) *bun.RawQuery {
-	return db.NewRaw(`DELETE FROM ? WHERE ctid = ANY(ARRAY(
-			SELECT p.ctid FROM unnest(?::`+array+`) AS u(v)
-			CROSS JOIN LATERAL (SELECT ctid FROM ? WHERE `+cond+` OFFSET 0) AS p))
-			RETURNING 1`, append([]any{bun.Ident(table), b.array(values), bun.Ident(table)}, args...)...)
+	places, placesArgs := probedPlaces(b, table, array, values, cond, false, args...)
+	return db.NewRaw(`DELETE FROM ? WHERE `+places+` RETURNING 1`, append([]any{bun.Ident(table)}, placesArgs...)...)
+}
+
+// probedPlaces is the condition "ctid = ANY(ARRAY(…))" of the rows of
+// table that match cond (on the table's columns and u.v, one of values,
+// an array of type array; args are cond's parameters), each found by one
+// probe of the index cond names, and its arguments: the one way kami
+// names a batch's rows on PostgreSQL (deleteProbedPG, transitionLocked).
+// OFFSET 0 keeps the probe a subquery, run once per value, which no plan
+// of the table can replace and no outer condition is pushed into. With
+// lock the probe also locks each row it finds, a value at a time in the
+// array's order, then by id (see transitionLocked).
+func probedPlaces(b *binds, table, array string, values any, cond string, lock bool, args ...any) (string, []any) {
+	tail := "OFFSET 0"
+	if lock {
+		tail = "ORDER BY id OFFSET 0 FOR NO KEY UPDATE"
+	}
+	return `ctid = ANY(ARRAY(SELECT p.ctid FROM unnest(?::` + array + `) AS u(v)
+			CROSS JOIN LATERAL (SELECT ctid FROM ? WHERE ` + cond + ` ` + tail + `) AS p))`,
+		append([]any{b.array(values), bun.Ident(table)}, args...)
 }
 
 // writeAll runs writes of one transaction that need nothing from one
