@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestMedianRatio(t *testing.T) {
+	pairs := []PairReport{{Ratio: 0.61}, {Error: "setup: refused"}, {Ratio: 0.52}, {Ratio: 0.66}}
+	// 0.52 0.58 0.61 0.66: the failed round is left out, and an even count
+	// takes the mean of the middle two.
+	if m, n := medianRatio(0.58, pairs); m != (0.58+0.61)/2 || n != 4 {
+		t.Errorf("medianRatio = %v of %d, want %v of 4", m, n, (0.58+0.61)/2)
+	}
+	if m, n := medianRatio(0.58, pairs[:1]); m != (0.58+0.61)/2 || n != 2 {
+		t.Errorf("two ratios: %v of %d", m, n)
+	}
+	if m, n := medianRatio(0.58, append(pairs, PairReport{Ratio: 0.40})); m != 0.58 || n != 5 {
+		t.Errorf("five ratios: %v of %d, want the middle one, 0.58", m, n)
+	}
+	if m, n := medianRatio(0, nil); m != 0 || n != 0 {
+		t.Errorf("no ratio: %v of %d", m, n)
+	}
+	if m, n := medianRatio(0.5, nil); m != 0.5 || n != 1 {
+		t.Errorf("the main ratio alone: %v of %d", m, n)
+	}
+}
+
+func TestDirectChunkLastsAsLong(t *testing.T) {
+	for _, c := range []struct {
+		n     int
+		scale float64
+		want  int
+	}{{10000, 1.7, 17000}, {10000, 0.5, 10000}, {10000, 9, 40000}, {3, 1.5, 4}} {
+		if got := directChunk(c.n, c.scale); got != c.want {
+			t.Errorf("directChunk(%d, %v) = %d, want %d", c.n, c.scale, got, c.want)
+		}
+	}
+}
+
+func TestReportJudgesTheMedian(t *testing.T) {
+	r := &Report{Direct: &DirectReport{Runs: (&settle{payShare: 0.5}).describe(), OK: 100, WallSeconds: 1, OrdersPerSec: 100},
+		Place: PlaceReport{OrdersPerSec: 55}, Ratio: 0.55,
+		Pairs: []PairReport{
+			{First: "end to end", EndToEndOrders: 10000, EndToEnd: 1300, DirectOrders: 17000, Direct: 2000, Ratio: 0.65},
+			{First: "direct", Error: "direct: 3 calls failed"},
+			{First: "end to end", EndToEndOrders: 10000, EndToEnd: 1240, DirectOrders: 17000, Direct: 2000, Ratio: 0.62},
+		}}
+	r.RatioMedian, r.RatioOf = medianRatio(r.Ratio, r.Pairs)
+	var buf bytes.Buffer
+	r.Write(&buf)
+	out := buf.String()
+	for _, want := range []string{
+		"pair 1        end to end first: end to end 10000 orders 1300/s, direct 17000 orders 2000/s: 0.65",
+		"pair 2        direct first: FAILED: direct: 3 calls failed",
+		"median        0.62 of 3 ratios (0.55, 0.65, failed, 0.62)",
+		"ratio 0.62 ≥ 0.60: met (the same transactions, median of 3)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	r.Pairs, r.RatioMedian, r.RatioOf = nil, 0, 0
+	r.RatioMedian, r.RatioOf = medianRatio(r.Ratio, nil)
+	buf.Reset()
+	r.Write(&buf)
+	if out := buf.String(); !strings.Contains(out, "ratio 0.55 ≥ 0.60: NOT met (the same transactions)") || strings.Contains(out, "median") {
+		t.Errorf("without pairs the main ratio is judged alone:\n%s", out)
+	}
+}
