@@ -527,11 +527,14 @@ func run(ctx context.Context, o *options) (code int) {
 			return fail("%v", err)
 		}
 		// The ledger runs in this process: with the server's garbage
-		// collector target, so that both sides collect alike.
-		gcPercent := 0
+		// collector target, so that both sides collect alike. It stays
+		// so for the later phases' ledger work (the drain's orders, the
+		// close floor's close transaction), but the pairs' end-to-end
+		// chunks run their load at the target the place phase ran it at.
+		gcPercent, loadGCPercent := 0, 0
 		if os.Getenv("GOGC") == "" {
 			if gcPercent = c.gcPercent(runCtx); gcPercent > 0 {
-				debug.SetGCPercent(gcPercent)
+				loadGCPercent = debug.SetGCPercent(gcPercent)
 			}
 		}
 		progress("direct through the ledger, %d orders: %s", o.directOrders, st.describe())
@@ -548,8 +551,8 @@ func run(ctx context.Context, o *options) (code int) {
 			}
 		}
 		if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && runCtx.Err() == nil {
-			rep.Pairs = runPairs(runCtx, pairRun{o: o, c: c, db: db, direct: dl, probe: probe, runID: runID,
-				scale: d.OrdersPerSec / rep.Place.OrdersPerSec}, o.pairs, o.pairOrders)
+			rep.Pairs = runPairs(runCtx, pairRun{runID: runID, scale: d.OrdersPerSec / rep.Place.OrdersPerSec, loadGCPercent: loadGCPercent,
+				chunks: liveChunks{o: o, c: c, db: db, ledger: dl, probe: probe}}, o.pairs, o.pairOrders)
 		}
 	}
 	rep.RatioMedian, rep.RatioOf = medianRatio(rep.Ratio, rep.Pairs)

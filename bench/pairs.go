@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,17 +41,37 @@ type PairReport struct {
 	Error          string  `json:"error,omitempty"`
 }
 
-// pairRun is what a round needs of the run.
+// pairRun is what the rounds need of the run.
 type pairRun struct {
-	o      *options
-	c      *client
-	db     *bun.DB
-	direct *domain.Ledger // the direct phase's ledger (TTL -ttl)
-	probe  cpuProbe
-	runID  string
+	runID string
 	// scale is the direct chunk's orders per end-to-end order: the main
 	// direct rate over the main end-to-end rate.
 	scale float64
+	// loadGCPercent is the garbage collector target the place phase ran
+	// its load at, before the direct phase set the server's; the
+	// end-to-end chunks run at it (see atGCPercent). 0: the collector
+	// is left as it is.
+	loadGCPercent int
+	chunks        pairChunks
+}
+
+// pairChunks runs the chunks of a round: liveChunks, or a test's stand-in.
+type pairChunks interface {
+	// endToEnd places n orders over HTTP and returns the orders placed
+	// per second; direct runs n orders through the ledger and returns
+	// the same. Each returns once its orders have all closed.
+	endToEnd(ctx context.Context, id string, n int) (float64, error)
+	direct(ctx context.Context, id string, n int) (float64, error)
+}
+
+// liveChunks are the run's chunks: the started (or -url) server, the
+// database and the direct phase's ledger.
+type liveChunks struct {
+	o      *options
+	c      *client
+	db     *bun.DB
+	ledger *domain.Ledger // the direct phase's ledger (TTL -ttl)
+	probe  cpuProbe
 }
 
 // directChunk is how many orders a direct chunk places against an
@@ -66,8 +87,11 @@ func runPairs(ctx context.Context, pr pairRun, rounds, n int) []PairReport {
 		round := PairReport{EndToEndOrders: n, DirectOrders: directChunk(n, pr.scale)}
 		id := pr.runID + "-pair" + strconv.Itoa(r+1)
 		steps := []func() error{
-			func() (err error) { round.EndToEnd, err = pr.endToEnd(ctx, id, n); return err },
-			func() (err error) { round.Direct, err = pr.directOnly(ctx, id, round.DirectOrders); return err },
+			func() (err error) {
+				atGCPercent(pr.loadGCPercent, func() { round.EndToEnd, err = pr.chunks.endToEnd(ctx, id, n) })
+				return err
+			},
+			func() (err error) { round.Direct, err = pr.chunks.direct(ctx, id, round.DirectOrders); return err },
 		}
 		round.First = "end to end"
 		if r%2 == 1 {
@@ -92,26 +116,26 @@ func runPairs(ctx context.Context, pr pairRun, rounds, n int) []PairReport {
 // endToEnd places n orders over HTTP on a product of their own, as the
 // place phase does, waits for the unpaid ones to close, and returns the
 // orders placed per second.
-func (pr pairRun) endToEnd(ctx context.Context, id string, n int) (float64, error) {
-	productID, err := pr.c.setupProduct(ctx, "bench-"+id, n)
+func (lc liveChunks) endToEnd(ctx context.Context, id string, n int) (float64, error) {
+	productID, err := lc.c.setupProduct(ctx, "bench-"+id, n)
 	if err != nil {
 		return 0, fmt.Errorf("setup: %w", err)
 	}
-	lr := runLoad(ctx, pr.o.storefronts(pr.c, productID, id), n, pr.o.concurrency, pr.o.payShare)
+	lr := runLoad(ctx, lc.o.storefronts(lc.c, productID, id), n, lc.o.concurrency, lc.o.payShare)
 	if failed := sum(lr.placeErrors) + sum(lr.payErrors); failed > 0 {
 		return 0, fmt.Errorf("end to end: %d calls failed (place %s, pay %s)", failed, fmtCounts(lr.placeErrors), fmtCounts(lr.payErrors))
 	}
 	pid, _ := strconv.ParseInt(productID, 10, 64)
-	if _, err := waitForCloses(ctx, pr.db, pid, len(lr.placed)-len(lr.paid), lr.start.Add(lr.wall)); err != nil {
+	if _, err := waitForCloses(ctx, lc.db, pid, len(lr.placed)-len(lr.paid), lr.start.Add(lr.wall)); err != nil {
 		return 0, fmt.Errorf("waiting for closes: %w", err)
 	}
 	return rate(len(lr.placed), lr.wall), nil
 }
 
-// directOnly runs n orders through the ledger, as the direct phase does
-// (it returns once its orders have all closed).
-func (pr pairRun) directOnly(ctx context.Context, id string, n int) (float64, error) {
-	d, _, err := runDirect(ctx, pr.direct, id, n, pr.o.concurrency, pr.probe, &settle{payShare: pr.o.payShare})
+// direct runs n orders through the ledger, as the direct phase does (it
+// returns once its orders have all closed).
+func (lc liveChunks) direct(ctx context.Context, id string, n int) (float64, error) {
+	d, _, err := runDirect(ctx, lc.ledger, id, n, lc.o.concurrency, lc.probe, &settle{payShare: lc.o.payShare})
 	if err != nil {
 		return 0, fmt.Errorf("direct: %w", err)
 	}
@@ -145,6 +169,22 @@ func medianRatio(main float64, pairs []PairReport) (float64, int) {
 		return rs[len(rs)/2], len(rs)
 	}
 	return (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2, len(rs)
+}
+
+// atGCPercent runs f with this process's garbage collector target at
+// percent, then puts back the one it had. The direct phase leaves the
+// server's target set, for the ledger's work in this process; an
+// end-to-end chunk's load is a storefront's, and ran in the place phase
+// at the target the process started with, so the chunks run at that one:
+// at the server's (GOGC 400 while kami's live heap is small) the load
+// would take less of the shared cores than it did in the place phase,
+// and every round's end to end would run faster for it. percent 0 leaves
+// the collector alone.
+func atGCPercent(percent int, f func()) {
+	if percent > 0 {
+		defer debug.SetGCPercent(debug.SetGCPercent(percent))
+	}
+	f()
 }
 
 // fmtRatios lists the ratios of the main phases and of each round.

@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -67,5 +71,53 @@ func TestReportJudgesTheMedian(t *testing.T) {
 	r.Write(&buf)
 	if out := buf.String(); !strings.Contains(out, "ratio 0.55 ≥ 0.60: NOT met (the same transactions)") || strings.Contains(out, "median") {
 		t.Errorf("without pairs the main ratio is judged alone:\n%s", out)
+	}
+}
+
+// fakeChunks stands in for the server and the ledger: it records each
+// chunk run, in order, with the garbage collector target it ran at.
+type fakeChunks struct {
+	ran []string // "end to end <id> <n> GOGC <p>" or "direct …"
+}
+
+// gcPercentNow is this process's garbage collector target.
+func gcPercentNow() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
+}
+
+func (f *fakeChunks) endToEnd(_ context.Context, id string, n int) (float64, error) {
+	f.ran = append(f.ran, fmt.Sprintf("end to end %s %d GOGC %d", id, n, gcPercentNow()))
+	return 600, nil
+}
+
+func (f *fakeChunks) direct(_ context.Context, id string, n int) (float64, error) {
+	f.ran = append(f.ran, fmt.Sprintf("direct %s %d GOGC %d", id, n, gcPercentNow()))
+	return 1000, nil
+}
+
+func TestPairsAlternateAndRunTheLoadAtThePlacePhasesGCTarget(t *testing.T) {
+	// The direct phase left the server's target set (400); the place
+	// phase ran its load at the process's own (100).
+	before := debug.SetGCPercent(400)
+	t.Cleanup(func() { debug.SetGCPercent(before) })
+	f := &fakeChunks{}
+	pairs := runPairs(context.Background(), pairRun{runID: "r", scale: 1.5, loadGCPercent: 100, chunks: f}, 3, 10)
+	want := []string{
+		"end to end r-pair1 10 GOGC 100", "direct r-pair1 15 GOGC 400",
+		"direct r-pair2 15 GOGC 400", "end to end r-pair2 10 GOGC 100",
+		"end to end r-pair3 10 GOGC 100", "direct r-pair3 15 GOGC 400",
+	}
+	if !slices.Equal(f.ran, want) {
+		t.Errorf("chunks ran\n%s\nwant\n%s", strings.Join(f.ran, "\n"), strings.Join(want, "\n"))
+	}
+	if p := gcPercentNow(); p != 400 {
+		t.Errorf("after the pairs the target is %d, want the server's 400 back for the later phases", p)
+	}
+	for i, p := range pairs {
+		if p.Ratio != 0.6 || p.Error != "" {
+			t.Errorf("pair %d: %+v", i+1, p)
+		}
 	}
 }
