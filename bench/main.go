@@ -172,7 +172,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.db, "db", "", "the database URL (KAMI_DATABASE_URL); empty: a fresh PostgreSQL database on -pg")
 	fs.StringVar(&o.pg, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL server on which to create the fresh database")
 	fs.StringVar(&o.redis, "redis", "redis://127.0.0.1:6379/0", "KAMI_REDIS_URL for the server started")
-	fs.DurationVar(&o.ttl, "ttl", time.Second, "KAMI_ORDER_TTL for the server started, and of the direct phase's orders (see phase 3)")
+	fs.DurationVar(&o.ttl, "ttl", time.Second, "KAMI_ORDER_TTL for the server started, and of the direct phase's orders (see phase 3); with -url the direct side's orders get the TTL the server gave the place phase's")
 	fs.IntVar(&o.orders, "orders", 20000, "orders to place over HTTP")
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent storefront workers (and direct callers)")
 	fs.IntVar(&o.directOrders, "direct-orders", 0, "orders for the direct phase; 0: as many as -orders")
@@ -523,7 +523,7 @@ func run(ctx context.Context, o *options) (code int) {
 		dl, st := ledger, &settle{payShare: o.payShare}
 		if o.directPlaceOnly {
 			st = nil
-		} else if dl, err = directLedger(db, o.ttl); err != nil {
+		} else if dl, err = directLedger(db, directTTL(runCtx, o, db, pidProduct, rep)); err != nil {
 			return fail("%v", err)
 		}
 		// The ledger runs in this process: with the server's garbage

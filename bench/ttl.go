@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/uptrace/bun"
@@ -27,4 +28,25 @@ func serverOrderTTL(ctx context.Context, db *bun.DB, productID int64) (ttl time.
 		return 0, false, nil
 	}
 	return rows[0].ExpiresAt.Sub(rows[0].CreatedAt).Round(time.Millisecond), true, nil
+}
+
+// directTTL is the TTL the direct side's orders get: -ttl, which is the
+// server's when the tool started it; with -url, the one the server gave the
+// place phase's orders (product productID) when it differs, said in the
+// report's notes and load line.
+func directTTL(ctx context.Context, o *options, db *bun.DB, productID int64, rep *Report) time.Duration {
+	if o.url == "" {
+		return o.ttl
+	}
+	ttl, found, err := serverOrderTTL(ctx, db, productID)
+	switch {
+	case err != nil:
+		rep.Notes = append(rep.Notes, fmt.Sprintf("reading the server's order TTL: %v; the direct side uses -ttl %s", err, o.ttl))
+		return o.ttl
+	case !found || ttl == o.ttl:
+		return o.ttl
+	}
+	rep.Notes = append(rep.Notes, fmt.Sprintf("the server's orders expire after %s, not -ttl %s: the direct side's orders do too", ttl, o.ttl))
+	rep.TTL = ttl.String()
+	return ttl
 }

@@ -10,10 +10,12 @@ import (
 	"kami/providers/sandbox"
 )
 
-// TestServerOrderTTLReadsTheOrdersTTL: with -url the server's TTL is
-// whatever it was started with; the tool reads it from the orders the
-// place phase made, to give the direct side's orders the same.
-func TestServerOrderTTLReadsTheOrdersTTL(t *testing.T) {
+// TestDirectOrdersGetTheServersTTL: with -url the server's TTL is whatever
+// it was started with (5s, as the bench started it before -ttl became 1s);
+// the tool reads it from the orders the place phase made and gives the
+// direct side's orders the same, or the side with the longer TTL would
+// place without closes for longer.
+func TestDirectOrdersGetTheServersTTL(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Open(t, dbtest.Postgres)
 	ctx := context.Background()
@@ -39,5 +41,16 @@ func TestServerOrderTTLReadsTheOrdersTTL(t *testing.T) {
 	ttl, found, err := serverOrderTTL(ctx, db, p.ID)
 	if err != nil || !found || ttl != 5*time.Second {
 		t.Errorf("serverOrderTTL = %v, %v, %v; want 5s", ttl, found, err)
+	}
+
+	// With -url (-ttl left at its 1s) the direct side's orders get the
+	// server's 5s; a server the tool started has -ttl by construction.
+	rep := &Report{TTL: "1s"}
+	if got := directTTL(ctx, &options{url: "http://127.0.0.1:8080", ttl: time.Second}, db, p.ID, rep); got != 5*time.Second || rep.TTL != "5s" || len(rep.Notes) != 1 {
+		t.Errorf("with -url: directTTL = %v, report TTL %q, notes %q; want 5s, 5s and a note", got, rep.TTL, rep.Notes)
+	}
+	rep = &Report{TTL: "1s"}
+	if got := directTTL(ctx, &options{ttl: time.Second}, db, p.ID, rep); got != time.Second || rep.TTL != "1s" || len(rep.Notes) != 0 {
+		t.Errorf("started server: directTTL = %v, report TTL %q, notes %q; want -ttl's 1s", got, rep.TTL, rep.Notes)
 	}
 }
