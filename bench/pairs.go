@@ -105,7 +105,17 @@ func runPairs(ctx context.Context, pr pairRun, rounds, n int) []PairReport {
 				break
 			}
 		}
-		if round.Error == "" && round.Direct > 0 {
+		// A round the run's end cut (-timeout, or interrupted) measured
+		// part of a chunk, or nothing, without a call failing: it fails,
+		// as one whose chunk placed nothing does, so that every round the
+		// report lists with a ratio is one the median counts.
+		switch {
+		case round.Error != "":
+		case ctx.Err() != nil:
+			round.Error = "cut by the run's end: " + ctx.Err().Error()
+		case round.EndToEnd <= 0 || round.Direct <= 0:
+			round.Error = "a chunk placed no order"
+		default:
 			round.Ratio = round.EndToEnd / round.Direct
 		}
 		out = append(out, round)

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"context"
+	"testing"
+)
+
+// cutChunks ends the run's context while its first end-to-end chunk waits
+// for its closes (-timeout): that chunk returns its rate without an error,
+// as waitForCloses does when ctx ends, and the direct chunk after it
+// places nothing and finds nothing to report, as runDirect does then.
+type cutChunks struct{ cancel context.CancelFunc }
+
+func (c cutChunks) endToEnd(context.Context, string, int) (float64, error) {
+	c.cancel()
+	return 600, nil
+}
+
+func (c cutChunks) direct(ctx context.Context, _ string, _ int) (float64, error) {
+	if ctx.Err() != nil {
+		return 0, nil
+	}
+	return 1000, nil
+}
+
+// TestPairCutByTheDeadlineFails: a round the run's deadline cut is a
+// failed round, said so in the report, not a ratio of 0 listed beside the
+// others and silently left out of the median.
+func TestPairCutByTheDeadlineFails(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pairs := runPairs(ctx, pairRun{runID: "r", scale: 1.5, chunks: cutChunks{cancel}}, 4, 10)
+	if len(pairs) != 1 {
+		t.Fatalf("%d rounds ran after the deadline's, want 1: %+v", len(pairs), pairs)
+	}
+	if p := pairs[0]; p.Error == "" || p.Ratio != 0 {
+		t.Errorf("the cut round: %+v, want an error and no ratio", p)
+	}
+	if got := fmtRatios(0.55, pairs); got != "0.55, failed" {
+		t.Errorf("fmtRatios = %q, want %q", got, "0.55, failed")
+	}
+}
