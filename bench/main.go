@@ -191,7 +191,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.drain, "drain", 20000, "orders that fall due while the started server is stopped; it is then restarted and its drain of the backlog measured; 0: skip")
 	fs.IntVar(&o.closeFloor, "close-floor", 100000, "closes per schema for the close floor (the close's own row writes on scratch copies of kami's tables, see floor.go), when the tool makes the database; 0: skip")
 	fs.StringVar(&o.loadClient, "load-client", loadWire, "the place phase's HTTP client: wire (one keep-alive connection per worker, HTTP/1.1 written directly: the load costs the shared cores less) or net/http (Go's client, as before)")
-	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the run after the build")
+	fs.DurationVar(&o.timeout, "timeout", 15*time.Minute, "bound on the run after the build (the -pairs rounds alone took 2 minutes of a run at 1,000 orders/s end to end)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
