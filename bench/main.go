@@ -176,7 +176,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.orders, "orders", 20000, "orders to place over HTTP")
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent storefront workers (and direct callers)")
 	fs.IntVar(&o.directOrders, "direct-orders", 0, "orders for the direct phase; 0: as many as -orders")
-	fs.IntVar(&o.pairs, "pairs", 4, "rounds of interleaved end-to-end and direct chunks after the direct phase (see pairs.go); the ratio judged is the median of theirs and the main phases'; 0: the main phases' alone")
+	fs.IntVar(&o.pairs, "pairs", 4, "rounds of interleaved end-to-end and direct chunks after the direct phase, an even number (see pairs.go); the ratio judged is the median of the main phases' and each couple of rounds' geometric mean; 0: the main phases' alone; not run with -no-direct or -direct-place-only")
 	fs.IntVar(&o.pairOrders, "pair-orders", 0, "end-to-end orders in each round's chunk; 0: half of -orders")
 	fs.Float64Var(&o.payShare, "pay-share", 0.5, "share of orders paid through the sandbox webhook, 0 to 1")
 	fs.IntVar(&o.dbMaxConns, "db-max-conns", 20, "KAMI_DB_MAX_CONNS of the server, and the direct phase's pool")
@@ -219,8 +219,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-close-floor: want 0 to 2000000")
 	case o.directOrders < 0 || o.directOrders > 2_000_000:
 		return nil, fmt.Errorf("-direct-orders: want 0 to 2000000")
-	case o.pairs < 0 || o.pairs > 20:
-		return nil, fmt.Errorf("-pairs: want 0 to 20")
+	case o.pairs < 0 || o.pairs > 20 || o.pairs%2 == 1:
+		return nil, fmt.Errorf("-pairs: want an even number from 0 to 20")
 	case o.pairOrders < 0 || o.pairOrders > 2_000_000:
 		return nil, fmt.Errorf("-pair-orders: want 0 to 2000000")
 	case o.loadClient != loadWire && o.loadClient != loadNetHTTP:
@@ -521,10 +521,14 @@ func run(ctx context.Context, o *options) (code int) {
 	}
 	if ledger != nil && !o.noDirect && runCtx.Err() == nil {
 		dl, st := ledger, &settle{payShare: o.payShare}
+		ttl := o.ttl
 		if o.directPlaceOnly {
 			st = nil
-		} else if dl, err = directLedger(db, directTTL(runCtx, o, db, pidProduct, rep)); err != nil {
-			return fail("%v", err)
+		} else {
+			ttl = directTTL(runCtx, o, db, pidProduct, rep)
+			if dl, err = directLedger(db, ttl); err != nil {
+				return fail("%v", err)
+			}
 		}
 		// The ledger runs in this process: with the server's garbage
 		// collector target, so that both sides collect alike. It stays
@@ -550,12 +554,16 @@ func run(ctx context.Context, o *options) (code int) {
 				rep.Ratio = rep.Place.OrdersPerSec / d.OrdersPerSec
 			}
 		}
-		if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && runCtx.Err() == nil {
+		chunkLasts := time.Duration(float64(o.pairOrders) / max(1, rep.Place.OrdersPerSec) * float64(time.Second))
+		if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && chunkLasts < minChunkTTLs*ttl {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("pairs not run: an end-to-end chunk of %d orders would last about %s, under %d TTLs of %s (raise -pair-orders)",
+				o.pairOrders, chunkLasts.Round(100*time.Millisecond), minChunkTTLs, ttl))
+		} else if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && runCtx.Err() == nil {
 			rep.Pairs = runPairs(runCtx, pairRun{runID: runID, scale: d.OrdersPerSec / rep.Place.OrdersPerSec, loadGCPercent: loadGCPercent,
 				chunks: liveChunks{o: o, c: c, db: db, ledger: dl, probe: probe}}, o.pairs, o.pairOrders)
 		}
 	}
-	rep.RatioMedian, rep.RatioOf = medianRatio(rep.Ratio, rep.Pairs)
+	rep.RatioMedian, rep.RatioOf, rep.RatioFailed = judgedRatio(rep.Ratio, rep.Pairs)
 
 	// Subscriptions: on orders of their own, pending for an hour.
 	if srv != nil && ledger != nil && o.subscriptions > 0 && runCtx.Err() == nil {

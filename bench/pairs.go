@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -19,16 +20,23 @@ import (
 // ratio ranged from 0.44 to 0.66 over one afternoon. -pairs more rounds
 // each run an end-to-end chunk and a direct chunk back to back, on
 // products of their own, the first round end to end first, the next direct
-// first, and so on, so that a drift across a round counts against each side
-// as often. The ratio judged against the target is the median of the
-// rounds' ratios and the main phases' one: one slow moment moves the median
-// by one place, not by its own size.
+// first, and so on. Two rounds in turn make a couple: should the chunk
+// that runs second be slowed (or sped up) by some factor, the first round
+// of a couple reads the ratio times it and the second divided by it, so
+// the couple's geometric mean cancels it. The ratio judged against the
+// target is the median of the couples' means and the main phases' ratio:
+// one slow moment moves the median by one place, not by its own size. A
+// round that fails (a call failed, or the run's end cut it) leaves its
+// couple out of the median and the target unmet: a failure is most
+// likely in a stalled moment, the one a median must not lose silently.
 //
 // A direct chunk has as many orders as the end-to-end chunk would place in
 // the same time at the main phases' rates, so both last about as long and
 // spend the same share of their time before their first order falls due
-// (placing with nothing closing yet is faster). Each chunk starts once the
-// previous one's orders have all closed.
+// (placing with nothing closing yet is faster); the report shows each
+// chunk's seconds. Each chunk starts once the previous one's orders have
+// all closed. Chunks that would last less than minChunkTTLs TTLs are not
+// run: they would place mostly before anything falls due.
 
 // PairReport is one round of interleaved chunks.
 type PairReport struct {
@@ -163,27 +171,39 @@ func (lc liveChunks) direct(ctx context.Context, id string, n int) (float64, err
 	return d.OrdersPerSec, nil
 }
 
-// medianRatio is the median of the main ratio and the rounds' ratios
-// (rounds that failed left out), and how many it is the median of.
-func medianRatio(main float64, pairs []PairReport) (float64, int) {
-	rs := []float64{}
+// judgedRatio is the ratio judged against the target: the median of the
+// main ratio and the geometric means of the couples of rounds (rounds 1
+// and 2, 3 and 4, ...; a last round without its partner is left out), with
+// how many values it is the median of and how many rounds failed (their
+// couples left out).
+func judgedRatio(main float64, pairs []PairReport) (ratio float64, of, failed int) {
+	vs := []float64{}
 	if main > 0 {
-		rs = append(rs, main)
+		vs = append(vs, main)
 	}
 	for _, p := range pairs {
-		if p.Ratio > 0 {
-			rs = append(rs, p.Ratio)
+		if p.Ratio <= 0 {
+			failed++
 		}
 	}
-	if len(rs) == 0 {
-		return 0, 0
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if a, b := pairs[i].Ratio, pairs[i+1].Ratio; a > 0 && b > 0 {
+			vs = append(vs, math.Sqrt(a*b))
+		}
 	}
-	slices.Sort(rs)
-	if len(rs)%2 == 1 {
-		return rs[len(rs)/2], len(rs)
+	if len(vs) == 0 {
+		return 0, 0, failed
 	}
-	return (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2, len(rs)
+	slices.Sort(vs)
+	if len(vs)%2 == 1 {
+		return vs[len(vs)/2], len(vs), failed
+	}
+	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2, len(vs), failed
 }
+
+// minChunkTTLs is how many TTLs an end-to-end chunk must be expected to
+// last for the rounds to run.
+const minChunkTTLs = 5
 
 // atGCPercent runs f with this process's garbage collector target at
 // percent, then puts back the one it had. The direct phase leaves the

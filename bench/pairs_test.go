@@ -4,29 +4,38 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
 )
 
-func TestMedianRatio(t *testing.T) {
-	pairs := []PairReport{{Ratio: 0.61}, {Error: "setup: refused"}, {Ratio: 0.52}, {Ratio: 0.66}}
-	// 0.52 0.58 0.61 0.66: the failed round is left out, and an even count
-	// takes the mean of the middle two.
-	if m, n := medianRatio(0.58, pairs); m != (0.58+0.61)/2 || n != 4 {
-		t.Errorf("medianRatio = %v of %d, want %v of 4", m, n, (0.58+0.61)/2)
+func TestJudgedRatio(t *testing.T) {
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	// Couples (0.64, 0.56) and (0.70, 0.50): geometric means 0.5987 and
+	// 0.5916; with the main 0.58 the median is 0.5916.
+	pairs := []PairReport{{Ratio: 0.64}, {Ratio: 0.56}, {Ratio: 0.70}, {Ratio: 0.50}}
+	if m, n, f := judgedRatio(0.58, pairs); !near(m, math.Sqrt(0.70*0.50)) || n != 3 || f != 0 {
+		t.Errorf("judgedRatio = %v of %d, %d failed; want %v of 3", m, n, f, math.Sqrt(0.70*0.50))
 	}
-	if m, n := medianRatio(0.58, pairs[:1]); m != (0.58+0.61)/2 || n != 2 {
-		t.Errorf("two ratios: %v of %d", m, n)
+	// A failed round leaves its couple out and is counted.
+	pairs[3] = PairReport{Error: "direct: 3 calls failed"}
+	if m, n, f := judgedRatio(0.58, pairs); !near(m, (0.58+math.Sqrt(0.64*0.56))/2) || n != 2 || f != 1 {
+		t.Errorf("with a failed round: %v of %d, %d failed", m, n, f)
 	}
-	if m, n := medianRatio(0.58, append(pairs, PairReport{Ratio: 0.40})); m != 0.58 || n != 5 {
-		t.Errorf("five ratios: %v of %d, want the middle one, 0.58", m, n)
+	// A last round without its partner is left out.
+	if m, n, f := judgedRatio(0.58, pairs[:3]); !near(m, (0.58+math.Sqrt(0.64*0.56))/2) || n != 2 || f != 0 {
+		t.Errorf("an odd round: %v of %d, %d failed", m, n, f)
 	}
-	if m, n := medianRatio(0, nil); m != 0 || n != 0 {
+	// A chunk second slower by a factor cancels in its couple.
+	if m, _, _ := judgedRatio(0, []PairReport{{Ratio: 0.6 / 0.9}, {Ratio: 0.6 * 0.9}}); !near(m, 0.6) {
+		t.Errorf("a couple whose second chunks ran 10%% slower: %v, want 0.6", m)
+	}
+	if m, n, f := judgedRatio(0, nil); m != 0 || n != 0 || f != 0 {
 		t.Errorf("no ratio: %v of %d", m, n)
 	}
-	if m, n := medianRatio(0.5, nil); m != 0.5 || n != 1 {
+	if m, n, _ := judgedRatio(0.5, nil); m != 0.5 || n != 1 {
 		t.Errorf("the main ratio alone: %v of %d", m, n)
 	}
 }
@@ -45,28 +54,47 @@ func TestDirectChunkLastsAsLong(t *testing.T) {
 
 func TestReportJudgesTheMedian(t *testing.T) {
 	r := &Report{Direct: &DirectReport{Runs: (&settle{payShare: 0.5}).describe(), OK: 100, WallSeconds: 1, OrdersPerSec: 100},
-		Place: PlaceReport{OrdersPerSec: 55}, Ratio: 0.55,
+		Place: PlaceReport{OrdersPerSec: 57}, Ratio: 0.57,
 		Pairs: []PairReport{
-			{First: "end to end", EndToEndOrders: 10000, EndToEnd: 1300, DirectOrders: 17000, Direct: 2000, Ratio: 0.65},
-			{First: "direct", Error: "direct: 3 calls failed"},
-			{First: "end to end", EndToEndOrders: 10000, EndToEnd: 1240, DirectOrders: 17000, Direct: 2000, Ratio: 0.62},
+			{First: "end to end", EndToEndOrders: 10000, EndToEnd: 1250, DirectOrders: 16000, Direct: 2000, Ratio: 0.625},
+			{First: "direct", EndToEndOrders: 10000, EndToEnd: 1300, DirectOrders: 16000, Direct: 2000, Ratio: 0.65},
 		}}
-	r.RatioMedian, r.RatioOf = medianRatio(r.Ratio, r.Pairs)
+	r.RatioMedian, r.RatioOf, r.RatioFailed = judgedRatio(r.Ratio, r.Pairs)
 	var buf bytes.Buffer
 	r.Write(&buf)
 	out := buf.String()
 	for _, want := range []string{
-		"pair 1        end to end first: end to end 10000 orders 1300/s, direct 17000 orders 2000/s: 0.65",
-		"pair 2        direct first: FAILED: direct: 3 calls failed",
-		"median        0.62 of 3 ratios (0.55, 0.65, failed, 0.62)",
-		"ratio 0.62 ≥ 0.60: met (the same transactions, median of 3)",
+		"pair 1        end to end first: end to end 10000 orders 1250/s (8.0s), direct 16000 orders 2000/s (8.0s): 0.62",
+		"pair 2        direct first: end to end 10000 orders 1300/s (7.7s), direct 16000 orders 2000/s (8.0s): 0.65",
+		// (0.57 + √(0.625 × 0.65)) / 2 = 0.604
+		"judged        0.60, the median of 2: the main ratio and each couple of rounds' geometric mean (0.57, 0.62, 0.65)",
+		"ratio 0.60 ≥ 0.60: met (the same transactions, median of 2)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
 	}
-	r.Pairs, r.RatioMedian, r.RatioOf = nil, 0, 0
-	r.RatioMedian, r.RatioOf = medianRatio(r.Ratio, nil)
+
+	// A failed round: the target is not met, whatever the median.
+	r.Ratio = 0.7
+	r.Pairs[1] = PairReport{First: "direct", EndToEndOrders: 10000, DirectOrders: 16000, Error: "direct: 3 calls failed"}
+	r.RatioMedian, r.RatioOf, r.RatioFailed = judgedRatio(r.Ratio, r.Pairs)
+	buf.Reset()
+	r.Write(&buf)
+	out = buf.String()
+	for _, want := range []string{
+		"pair 2        direct first: FAILED: direct: 3 calls failed",
+		"(0.70, 0.62, failed); 1 rounds FAILED",
+		"ratio 0.70 ≥ 0.60: NOT met (the same transactions, median of 1; 1 rounds FAILED)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+
+	r.Ratio = 0.55
+	r.Pairs = nil
+	r.RatioMedian, r.RatioOf, r.RatioFailed = judgedRatio(r.Ratio, nil)
 	buf.Reset()
 	r.Write(&buf)
 	if out := buf.String(); !strings.Contains(out, "ratio 0.55 ≥ 0.60: NOT met (the same transactions)") || strings.Contains(out, "median") {

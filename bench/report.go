@@ -107,10 +107,12 @@ type Report struct {
 	Direct *DirectReport `json:"direct,omitempty"`
 	Ratio  float64       `json:"ratio_end_to_end_over_direct,omitempty"`
 	// Pairs are the interleaved rounds after the direct phase; RatioMedian
-	// is the median of their ratios and Ratio, over RatioOf ratios: what
-	// the target is judged by.
+	// is the ratio judged against the target (judgedRatio): the median of
+	// RatioOf values, Ratio and the couples of rounds' geometric means;
+	// RatioFailed rounds failed, and then the target is not met.
 	Pairs       []PairReport  `json:"pairs,omitempty"`
 	RatioMedian float64       `json:"ratio_median,omitempty"`
+	RatioFailed int           `json:"ratio_failed_rounds,omitempty"`
 	RatioOf     int           `json:"ratio_median_of,omitempty"`
 	Process     ProcessReport `json:"process"`
 	Stats       *StatsReport  `json:"stats,omitempty"`
@@ -361,11 +363,13 @@ func (r *Report) Write(w io.Writer) {
 				p("  pair %d        %s first: FAILED: %s", i+1, pr.First, pr.Error)
 				continue
 			}
-			p("  pair %d        %s first: end to end %d orders %.0f/s, direct %d orders %.0f/s: %.2f",
-				i+1, pr.First, pr.EndToEndOrders, pr.EndToEnd, pr.DirectOrders, pr.Direct, pr.Ratio)
+			p("  pair %d        %s first: end to end %d orders %.0f/s (%.1fs), direct %d orders %.0f/s (%.1fs): %.2f",
+				i+1, pr.First, pr.EndToEndOrders, pr.EndToEnd, float64(pr.EndToEndOrders)/pr.EndToEnd,
+				pr.DirectOrders, pr.Direct, float64(pr.DirectOrders)/pr.Direct, pr.Ratio)
 		}
 		if len(r.Pairs) > 0 {
-			p("  median        %.2f of %d ratios (%s)", r.RatioMedian, r.RatioOf, fmtRatios(r.Ratio, r.Pairs))
+			p("  judged        %.2f, the median of %d: the main ratio and each couple of rounds' geometric mean (%s)%s",
+				r.RatioMedian, r.RatioOf, fmtRatios(r.Ratio, r.Pairs), failedRounds(r.RatioFailed))
 		}
 	}
 	pr := r.Process
@@ -423,12 +427,12 @@ func (r *Report) Write(w io.Writer) {
 	}
 	if r.Direct != nil {
 		judged, of := r.Ratio, r.Direct.ratioOf()
-		if r.RatioOf > 1 {
-			judged, of = r.RatioMedian, fmt.Sprintf("%s, median of %d", of, r.RatioOf)
+		if len(r.Pairs) > 0 {
+			judged, of = r.RatioMedian, fmt.Sprintf("%s, median of %d%s", of, r.RatioOf, failedRounds(r.RatioFailed))
 		}
 		p("targets         %.0f orders/s ≥ %d: %s; ratio %.2f ≥ %.2f: %s (%s)",
 			r.Place.OrdersPerSec, targetOrdersPerSec, metOrNot(r.Place.OrdersPerSec >= targetOrdersPerSec),
-			judged, targetRatio, metOrNot(judged >= targetRatio), of)
+			judged, targetRatio, metOrNot(judged >= targetRatio && r.RatioFailed == 0), of)
 	}
 	if b := r.Pgbench; b != nil {
 		if b.Error != "" {
@@ -510,6 +514,14 @@ func ratioOf(ok bool, f func() float64) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.2f×", f())
+}
+
+// failedRounds says how many interleaved rounds failed, if any.
+func failedRounds(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d rounds FAILED", n)
 }
 
 func metOrNot(ok bool) string {
