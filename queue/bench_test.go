@@ -331,3 +331,44 @@ func BenchmarkRebuildAfterFlush(b *testing.B) {
 		b.ReportMetric(float64(n)/took.Seconds(), "orders/s")
 	}
 }
+
+// BenchmarkStockTake: what a take of the stock gate costs Redis itself,
+// the time its script holds the server (and every command behind it), as
+// "redis-µs/take" from INFO commandstats. Not one macro run: give it many
+// takes, and the same number when comparing versions,
+//
+//	go test ./queue/ -run '^$' -bench StockTake -benchtime=200000x
+//
+// The Redis is a private one, so that no other test's scripts are counted
+// with the takes; the counter never runs short, so no take rebuilds it.
+func BenchmarkStockTake(b *testing.B) {
+	node := redistest.StartPrivate(b)
+	rs := &redistest.Server{Kind: redistest.Real, URL: node.URL}
+	rs.Client = rs.NewClient(b)
+	e := newEnv(b, dbtest.Open(b, dbtest.Postgres), rs, domain.Config{})
+	const productID = 1
+	if err := rs.Client.Set(e.ctx, e.keys.Stock(productID), 1<<62, 0).Err(); err != nil {
+		b.Fatal(err)
+	}
+	take := func() bool {
+		ok, err := e.gate.Take(e.ctx, productID, 1)
+		if err != nil || !ok {
+			b.Errorf("take: %v %v", ok, err)
+			return false
+		}
+		return true
+	}
+	take() // loads the script: EVAL, not counted below
+	calls, usec := scriptStats(b, node)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() && take() {
+		}
+	})
+	b.StopTimer()
+	callsAfter, usecAfter := scriptStats(b, node)
+	if callsAfter-calls != b.N {
+		b.Fatalf("%d scripts ran for %d takes", callsAfter-calls, b.N)
+	}
+	b.ReportMetric(float64(usecAfter-usec)/float64(b.N), "redis-µs/take")
+}

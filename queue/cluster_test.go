@@ -64,8 +64,9 @@ func stall(t *testing.T, node *redistest.Private) (wait func()) {
 	}
 }
 
-// scriptCalls is how many scripts (EVALSHA) the node has run.
-func scriptCalls(t *testing.T, node *redistest.Private) int {
+// scriptStats is how many scripts (EVALSHA) the node has run, and the
+// microseconds it spent running them (INFO commandstats).
+func scriptStats(t testing.TB, node *redistest.Private) (calls, usec int) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: node.Addr, MaxRetries: -1})
 	defer c.Close()
@@ -73,15 +74,24 @@ func scriptCalls(t *testing.T, node *redistest.Private) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, found := strings.Cut(info, "cmdstat_evalsha:calls=")
+	_, rest, found := strings.Cut(info, "cmdstat_evalsha:")
 	if !found {
-		return 0
+		return 0, 0
 	}
-	n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-	if err != nil {
-		t.Fatal(err)
+	line, _, _ := strings.Cut(rest, "\r\n")
+	for field := range strings.SplitSeq(line, ",") {
+		name, value, _ := strings.Cut(field, "=")
+		switch name {
+		case "calls":
+			calls, err = strconv.Atoi(value)
+		case "usec":
+			usec, err = strconv.Atoi(value)
+		}
+		if err != nil {
+			t.Fatalf("commandstats %q: %v", line, err)
+		}
 	}
-	return n
+	return calls, usec
 }
 
 // The master holding a product's stock counter stalls for longer than
@@ -111,7 +121,7 @@ func TestStockCounterHoldsWhenItsMasterStalls(t *testing.T) {
 	}
 	takeCalls := 0
 	for episode := range 3 {
-		before := scriptCalls(t, master)
+		before, _ := scriptStats(t, master)
 		wait := stall(t, master)
 		placed, err := e.placeViaShop(t, p, fmt.Sprintf("stalled%d@example.com", episode))
 		wait()
@@ -120,7 +130,8 @@ func TestStockCounterHoldsWhenItsMasterStalls(t *testing.T) {
 		}
 		// The order's take is the only script its master runs here: more
 		// than one call is the client's resend.
-		takeCalls += scriptCalls(t, master) - before
+		after, _ := scriptStats(t, master)
+		takeCalls += after - before
 		check(fmt.Sprintf("a take during stall %d", episode+1))
 		wait = stall(t, master)
 		rs, err := e.shop.CloseOrders(e.ctx, []string{placed.Order.OrderNo}, domain.CloseCancel)
