@@ -51,15 +51,18 @@
 //     as a shop runs, with closes going on beside the placing, for almost
 //     all of their time: until the first order falls due a phase places
 //     with nothing closing, which is faster, and the slower phase (end to
-//     end) spends a smaller share of its time that way. With a TTL of 5s
-//     the direct phase (8s) placed without closes for over half its time
-//     and the end-to-end phase (15s) for a third, a handicap of the end to
-//     end that its costs do not explain.
+//     end) spends a smaller share of its time that way. With a TTL of 5s,
+//     in a default run of 20,000 orders, the direct phase (8s) placed
+//     without closes for over half its time and the end-to-end phase
+//     (15s) for a third, a handicap of the end to end that its costs do
+//     not explain.
 //
-//     Then -pairs rounds of an end-to-end chunk and a direct chunk, run
-//     back to back and alternating which goes first (pairs.go): the
-//     ratio judged against the target is the median of theirs and the
-//     main phases', since the machine's speed drifts between phases.
+//     Then -pairs rounds (an even number) of an end-to-end chunk and a
+//     direct chunk, run back to back and alternating which goes first
+//     (pairs.go): the ratio judged against the 0.60 target is the median
+//     of the main phases' ratio and the geometric mean of each couple of
+//     rounds (1 and 2, 3 and 4), since the machine's speed drifts between
+//     phases.
 //
 //  4. Subscriptions: -subscriptions orders are placed directly with a TTL
 //     of an hour, and as many orderStatusChanged subscriptions (20 to a
@@ -176,7 +179,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.orders, "orders", 20000, "orders to place over HTTP")
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent storefront workers (and direct callers)")
 	fs.IntVar(&o.directOrders, "direct-orders", 0, "orders for the direct phase; 0: as many as -orders")
-	fs.IntVar(&o.pairs, "pairs", 4, "rounds of interleaved end-to-end and direct chunks after the direct phase, an even number (see pairs.go); the ratio judged is the median of the main phases' and each couple of rounds' geometric mean; 0: the main phases' alone; not run with -no-direct or -direct-place-only")
+	fs.IntVar(&o.pairs, "pairs", 4, "rounds of interleaved end-to-end and direct chunks after the direct phase, an even number (see pairs.go); the ratio judged against the 0.60 target is the median of the main phases' ratio and each couple of rounds' geometric mean; 0, or chunks expected to last under 5 TTLs: the main phases' ratio alone; not run with -no-direct or -direct-place-only")
 	fs.IntVar(&o.pairOrders, "pair-orders", 0, "end-to-end orders in each round's chunk; 0: half of -orders")
 	fs.Float64Var(&o.payShare, "pay-share", 0.5, "share of orders paid through the sandbox webhook, 0 to 1")
 	fs.IntVar(&o.dbMaxConns, "db-max-conns", 20, "KAMI_DB_MAX_CONNS of the server, and the direct phase's pool")

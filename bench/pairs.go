@@ -36,7 +36,8 @@ import (
 // (placing with nothing closing yet is faster); the report shows each
 // chunk's seconds. Each chunk starts once the previous one's orders have
 // all closed. Chunks that would last less than minChunkTTLs TTLs are not
-// run: they would place mostly before anything falls due.
+// run: the first TTL of a chunk places with nothing closing, and in a
+// shorter chunk that share (a fifth at five TTLs) would weigh too much.
 
 // PairReport is one round of interleaved chunks.
 type PairReport struct {
@@ -221,15 +222,29 @@ func atGCPercent(percent int, f func()) {
 	f()
 }
 
-// fmtRatios lists the ratios of the main phases and of each round.
-func fmtRatios(main float64, pairs []PairReport) string {
-	parts := []string{fmt.Sprintf("%.2f", main)}
-	for _, p := range pairs {
-		if p.Error != "" {
-			parts = append(parts, "failed")
-		} else {
-			parts = append(parts, fmt.Sprintf("%.2f", p.Ratio))
+// fmtJudged lists what the judged ratio is the median of: the main ratio,
+// then each couple of rounds' mean with the rounds' own ratios ("failed"
+// for a failed round, whose couple has no mean; a last round without its
+// partner "unpaired").
+func fmtJudged(main float64, pairs []PairReport) string {
+	round := func(p PairReport) string {
+		if p.Ratio <= 0 {
+			return "failed"
 		}
+		return fmt.Sprintf("%.2f", p.Ratio)
+	}
+	parts := []string{fmt.Sprintf("main %.2f", main)}
+	for i := 0; i < len(pairs); i += 2 {
+		if i+1 == len(pairs) {
+			parts = append(parts, fmt.Sprintf("unpaired round %s", round(pairs[i])))
+			continue
+		}
+		a, b := pairs[i], pairs[i+1]
+		mean := "no mean"
+		if a.Ratio > 0 && b.Ratio > 0 {
+			mean = fmt.Sprintf("%.2f", math.Sqrt(a.Ratio*b.Ratio))
+		}
+		parts = append(parts, fmt.Sprintf("couple %s (rounds %s, %s)", mean, round(a), round(b)))
 	}
 	return strings.Join(parts, ", ")
 }

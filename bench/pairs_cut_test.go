@@ -36,7 +36,7 @@ func TestPairCutByTheDeadlineFails(t *testing.T) {
 	if p := pairs[0]; p.Error == "" || p.Ratio != 0 {
 		t.Errorf("the cut round: %+v, want an error and no ratio", p)
 	}
-	if got := fmtRatios(0.55, pairs); got != "0.55, failed" {
-		t.Errorf("fmtRatios = %q, want %q", got, "0.55, failed")
+	if got, want := fmtJudged(0.55, pairs), "main 0.55, unpaired round failed"; got != want {
+		t.Errorf("fmtJudged = %q, want %q", got, want)
 	}
 }

@@ -368,8 +368,8 @@ func (r *Report) Write(w io.Writer) {
 				pr.DirectOrders, pr.Direct, float64(pr.DirectOrders)/pr.Direct, pr.Ratio)
 		}
 		if len(r.Pairs) > 0 {
-			p("  judged        %.2f, the median of %d: the main ratio and each couple of rounds' geometric mean (%s)%s",
-				r.RatioMedian, r.RatioOf, fmtRatios(r.Ratio, r.Pairs), failedRounds(r.RatioFailed))
+			p("  judged        %.2f, the median of %d: %s%s",
+				r.RatioMedian, r.RatioOf, fmtJudged(r.Ratio, r.Pairs), failedRounds(r.RatioFailed))
 		}
 	}
 	pr := r.Process
@@ -518,8 +518,11 @@ func ratioOf(ok bool, f func() float64) string {
 
 // failedRounds says how many interleaved rounds failed, if any.
 func failedRounds(n int) string {
-	if n == 0 {
+	switch n {
+	case 0:
 		return ""
+	case 1:
+		return "; 1 round FAILED"
 	}
 	return fmt.Sprintf("; %d rounds FAILED", n)
 }
