@@ -47,7 +47,8 @@ func Connect(ctx context.Context, rawURL string) (redis.UniversalClient, func() 
 		// off from the process, so a deadline could only turn a busy
 		// machine (a slow scheduler, not a lost server) into errors.
 		rdb = redis.NewClient(withTimeouts(&redis.Options{Addr: addr, ReadTimeout: -1, WriteTimeout: -1}))
-		stop = func() error { m.Close(); return nil }
+		stopExpiring := expireAsTimePasses(m, time.Second)
+		stop = func() error { stopExpiring(); m.Close(); return nil }
 	case strings.HasPrefix(rawURL, "redis://") || strings.HasPrefix(rawURL, "rediss://") || strings.HasPrefix(rawURL, "unix://"):
 		opts, err := redis.ParseURL(rawURL)
 		if err != nil {
@@ -99,6 +100,32 @@ func Connect(ctx context.Context, rawURL string) (redis.UniversalClient, func() 
 		return nil, nil, fmt.Errorf("KAMI_REDIS_URL: cannot reach Redis at %s: %w", addr, err)
 	}
 	return rdb, closeAll, nil
+}
+
+// expireAsTimePasses tells the in-process Redis every interval how much
+// time passed, so that it expires keys as Redis does: miniredis, made for
+// tests, expires them only when told (FastForward). Left alone it would
+// keep every key with a TTL for the life of the process, among them the
+// record of every stock take and give-back (Keys.StockOp). The returned
+// func stops it.
+func expireAsTimePasses(m *miniredis.Miniredis, interval time.Duration) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-ticker.C:
+				m.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 // clusterNode reports whether the server of o is a Redis Cluster

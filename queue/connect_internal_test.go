@@ -89,3 +89,34 @@ func TestDialTimeoutIsALayoutChange(t *testing.T) {
 		t.Error("the caller giving up taken as a layout change")
 	}
 }
+
+// TestInProcessRedisExpiresKeys: a key with a TTL in the in-process Redis
+// of `go run .` (KAMI_REDIS_URL unset) is gone once its time has passed.
+// miniredis expires keys only when told that time passed: before, each
+// stock take's and give-back's record (Keys.StockOp, a minute's TTL) stayed
+// for the life of the process, a key per operation.
+func TestInProcessRedisExpiresKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, closeRedis, err := Connect(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeRedis()
+	keys := NewKeys("t:")
+	g := newStockGate(rdb, keys, func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	if _, err := g.rebuild(ctx, 7, false); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := g.take(ctx, 7, 1, "order-1"); err != nil || r != 1 {
+		t.Fatalf("take: %d %v", r, err)
+	}
+	// Its record, as if its minute were nearly over.
+	if err := rdb.PExpire(ctx, keys.StockOp(7, "order-1"), time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	domaintest.Eventually(t, 0, "the take's record expired", func() bool {
+		n, err := rdb.Exists(ctx, keys.StockOp(7, "order-1")).Result()
+		return err == nil && n == 0
+	})
+}

@@ -19,8 +19,10 @@ func TestKeysShareSlotsAndPrefixes(t *testing.T) {
 	if tag(a.CloseQueue()) != tag(a.CloseLease()) || tag(a.RefundQueue()) != tag(a.RefundLease()) {
 		t.Errorf("a queue and its lease set must share a hash tag: %s %s", a.CloseQueue(), a.CloseLease())
 	}
-	if tag(a.Stock(7)) != tag(a.StockRebuildLock(7)) || tag(a.Stock(7)) != tag(a.StockRebuildPending(7)) {
-		t.Errorf("a stock counter's give-back script keys must share a hash tag: %s %s", a.StockRebuildLock(7), a.StockRebuildPending(7))
+	if tag(a.Stock(7)) != tag(a.StockRebuildLock(7)) || tag(a.Stock(7)) != tag(a.StockRebuildPending(7)) ||
+		tag(a.Stock(7)) != tag(a.StockOp(7, "op")) {
+		t.Errorf("a stock counter's take and give-back script keys must share a hash tag: %s %s %s",
+			a.StockRebuildLock(7), a.StockRebuildPending(7), a.StockOp(7, "op"))
 	}
 	if a.CloseQueue() != "shopa:{delay:close:order}" || a.Stock(7) != "shopa:stock:product:{7}" {
 		t.Errorf("key names: %s %s", a.CloseQueue(), a.Stock(7))

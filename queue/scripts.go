@@ -174,9 +174,9 @@ return answer
 // rebuild adds it (see rebuildSetScript): the cards it returns may have
 // been freed after the rebuild counted, and would otherwise be lost until
 // the next repair. A give-back that did neither (the counter missing, no
-// rebuild running) is not recorded: a copy of it run after the counter was
-// rebuilt gives back, and leaves the counter too high (the safe side,
-// which the sweep repairs).
+// rebuild running) is recorded too: the next rebuild counts its cards in
+// the database, and a copy of it run after that rebuild must not add them
+// again.
 //
 // KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum,
 // KEYS[4] the operation's record
@@ -193,8 +193,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 elseif redis.call('EXISTS', KEYS[2]) == 1 then
 	redis.call('INCRBY', KEYS[3], ARGV[1])
 	redis.call('EXPIRE', KEYS[3], 60)
-else
-	return -1
 end
 redis.call('SET', KEYS[4], 1, 'PX', ARGV[2])
 return v

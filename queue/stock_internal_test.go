@@ -342,3 +342,28 @@ func TestTakeCopiesGetTheFirstAnswer(t *testing.T) {
 		t.Fatalf("counter %d %v %v, want 25 (10 counted + 15 given back, nothing taken)", n, ok, err)
 	}
 }
+
+// TestGiveBackCopyAfterTheRebuildGivesNothing: a give-back that found the
+// counter missing with no rebuild running gives nothing (the rebuild counts
+// its cards in the database); a copy of it run after the counter was
+// rebuilt (a cluster client's resend, run late) must not give them back
+// again. Before, only a give-back that counted was recorded: the late copy
+// added its cards to a count that already held them.
+func TestGiveBackCopyAfterTheRebuildGivesNothing(t *testing.T) {
+	t.Parallel()
+	_, rdb := miniClient(t)
+	ctx := context.Background()
+	g := newStockGate(rdb, NewKeys("t:"), func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	if err := g.giveBack(ctx, 7, 3, "close"); err != nil { // the counter is missing
+		t.Fatal(err)
+	}
+	if _, err := g.rebuild(ctx, 7, false); err != nil { // counts the 3 in the database
+		t.Fatal(err)
+	}
+	if err := g.giveBack(ctx, 7, 3, "close"); err != nil { // the late copy
+		t.Fatal(err)
+	}
+	if n, ok, err := g.Counter(ctx, 7); err != nil || !ok || n != 10 {
+		t.Fatalf("counter %d %v %v, want 10 (the database's count; the late copy gives nothing)", n, ok, err)
+	}
+}
