@@ -105,9 +105,9 @@ func Connect(ctx context.Context, rawURL string) (redis.UniversalClient, func() 
 // expireAsTimePasses tells the in-process Redis every interval how much
 // time passed, so that it expires keys as Redis does: miniredis, made for
 // tests, expires them only when told (FastForward). Left alone it would
-// keep every key with a TTL for the life of the process, among them the
-// record of every stock take and give-back (Keys.StockOp). The returned
-// func stops it.
+// keep every key with a TTL for the life of the process once nothing
+// touched it again (a product's operations set after its last sale, a
+// lock, a kept-aside give-back). The returned func stops it.
 func expireAsTimePasses(m *miniredis.Miniredis, interval time.Duration) (stop func()) {
 	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {

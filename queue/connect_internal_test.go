@@ -92,9 +92,10 @@ func TestDialTimeoutIsALayoutChange(t *testing.T) {
 
 // TestInProcessRedisExpiresKeys: a key with a TTL in the in-process Redis
 // of `go run .` (KAMI_REDIS_URL unset) is gone once its time has passed.
-// miniredis expires keys only when told that time passed: before, each
-// stock take's and give-back's record (Keys.StockOp, a minute's TTL) stayed
-// for the life of the process, a key per operation.
+// miniredis expires keys only when told that time passed: before, a key
+// whose TTL nothing touched again (a product's operations set once it
+// stopped selling, a lock, a kept-aside give-back) stayed for the life of
+// the process.
 func TestInProcessRedisExpiresKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -111,12 +112,12 @@ func TestInProcessRedisExpiresKeys(t *testing.T) {
 	if r, err := g.take(ctx, 7, 1, "order-1"); err != nil || r != 1 {
 		t.Fatalf("take: %d %v", r, err)
 	}
-	// Its record, as if its minute were nearly over.
-	if err := rdb.PExpire(ctx, keys.StockOp(7, "order-1"), time.Millisecond).Err(); err != nil {
+	// The operations set, as if its minute were nearly over.
+	if err := rdb.PExpire(ctx, keys.StockOps(7), time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
-	domaintest.Eventually(t, 0, "the take's record expired", func() bool {
-		n, err := rdb.Exists(ctx, keys.StockOp(7, "order-1")).Result()
+	domaintest.Eventually(t, 0, "the operations set expired", func() bool {
+		n, err := rdb.Exists(ctx, keys.StockOps(7)).Result()
 		return err == nil && n == 0
 	})
 }

@@ -20,9 +20,9 @@ func TestKeysShareSlotsAndPrefixes(t *testing.T) {
 		t.Errorf("a queue and its lease set must share a hash tag: %s %s", a.CloseQueue(), a.CloseLease())
 	}
 	if tag(a.Stock(7)) != tag(a.StockRebuildLock(7)) || tag(a.Stock(7)) != tag(a.StockRebuildPending(7)) ||
-		tag(a.Stock(7)) != tag(a.StockOp(7, "op")) {
+		tag(a.Stock(7)) != tag(a.StockOps(7)) {
 		t.Errorf("a stock counter's take and give-back script keys must share a hash tag: %s %s %s",
-			a.StockRebuildLock(7), a.StockRebuildPending(7), a.StockOp(7, "op"))
+			a.StockRebuildLock(7), a.StockRebuildPending(7), a.StockOps(7))
 	}
 	if a.CloseQueue() != "shopa:{delay:close:order}" || a.Stock(7) != "shopa:stock:product:{7}" {
 		t.Errorf("key names: %s %s", a.CloseQueue(), a.Stock(7))

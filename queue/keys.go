@@ -85,12 +85,9 @@ func (k Keys) StockRebuildLock(productID int64) string { return k.Stock(productI
 // its rebuild was counting the database.
 func (k Keys) StockRebuildPending(productID int64) string { return k.Stock(productID) + ":pending" }
 
-// StockOp records one take or give-back of a product's counter under its
-// operation id, so that the operation sent twice counts once (see
-// takeScript). It keeps the product's hash tag: a script touches it with
-// the counter. (Older versions kept one sorted set of them, ":ops", which
-// expires a minute after its last operation.)
-func (k Keys) StockOp(productID int64, op string) string { return k.Stock(productID) + ":op:" + op }
+// StockOps records the takes and give-backs of a product's counter by
+// operation id, so that one sent twice counts once (see takeScript).
+func (k Keys) StockOps(productID int64) string { return k.Stock(productID) + ":ops" }
 
 // SweepLock keeps the sweeper to one process per interval.
 func (k Keys) SweepLock() string { return k.Lock("sweep") }

@@ -5,8 +5,8 @@ import "github.com/redis/go-redis/v9"
 // Every Lua script kami runs. Scores are unix milliseconds; the "now" of
 // due-ness comes from the caller (the ledger's clock), so tests control time
 // and every process judges due-ness by the same clock as the database. Only
-// the stock operations' records, which no due-ness depends on, keep Redis's
-// own time: it expires them.
+// the stock operations' record, which no due-ness depends on, keeps Redis's
+// own time.
 
 // claimScript moves up to ARGV[2] due members of a queue into its lease set,
 // atomically: no two callers ever get the same member.
@@ -129,31 +129,36 @@ return n
 `)
 
 // A take and a give-back are each sent with an operation id of their own
-// (a random token per call) and recorded under it, in a key of their own
-// (Keys.StockOp, beside the counter in its slot), so that the same command
-// sent again (a Redis Cluster client resends a command whose answer timed
-// out, and the first copy may still run) counts once. The record expires
-// stockOpsKeep after the operation, by Redis's own clock, not the
-// caller's: processes whose clocks differ cannot drop each other's
-// records early. One key per operation costs the script a GET and a SET,
-// where a sorted set of a product's operations cost a trim, a lookup and
-// an add at every call, and grew with the takes of the last minute.
+// (a random token per call) and recorded, under it, in the product's
+// operations set, so that the same command sent again (a Redis Cluster
+// client resends a command whose answer timed out, and the first copy may
+// still run) counts once. The set is scored by the time of the operation
+// and keeps it for stockOpsKeep: each call drops what is older, and the
+// set expires with the last operation, so it holds at most the
+// operations of that window. The time is Redis's own (TIME), not the
+// caller's: processes whose clocks differ must not drop each other's
+// records early.
 
 // takeScript takes ARGV[1] from a stock counter if at least that many are
-// left, once per operation id. Every answer is recorded (as the value of
-// the operation's record), and a later copy of the operation gets the
-// recorded one: a copy run after its caller was told "not enough" or
-// "missing" (and refused the order, or rebuilt the counter and took under
-// another id) must not take for an order that never was.
+// left, once per operation id. Every answer is recorded (as the member
+// "id:answer"), and a later copy of the operation gets the recorded one:
+// a copy run after its caller was told "not enough" or "missing" (and
+// refused the order, or rebuilt the counter and took under another id)
+// must not take for an order that never was.
 //
-// KEYS[1] stock counter, KEYS[2] the operation's record (same hash tag)
-// ARGV[1] quantity, ARGV[2] how long the operation is remembered (ms)
+// KEYS[1] stock counter, KEYS[2] its operations set (same hash tag)
+// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
+// remembered (ms)
 // Returns 1 taken, 0 not enough, -1 the counter is missing (the caller
 // rebuilds it from the database and tries again under another id); an
 // earlier copy's answer for a copy of the same operation.
 var takeScript = redis.NewScript(`
-local recorded = redis.call('GET', KEYS[2])
-if recorded then return tonumber(recorded) end
+local t = redis.call('TIME')
+local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - keep))
+for _, r in ipairs({'1', '0', '-1'}) do
+	if redis.call('ZSCORE', KEYS[2], ARGV[2] .. ':' .. r) then return tonumber(r) end
+end
 local answer = -1
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -163,7 +168,8 @@ if v then
 		answer = 1
 	end
 end
-redis.call('SET', KEYS[2], answer, 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], now, ARGV[2] .. ':' .. answer)
+redis.call('PEXPIRE', KEYS[2], keep)
 return answer
 `)
 
@@ -179,22 +185,30 @@ return answer
 // again.
 //
 // KEYS[1] stock counter, KEYS[2] its rebuild lock, KEYS[3] its pending sum,
-// KEYS[4] the operation's record
-// ARGV[1] quantity, ARGV[2] how long the operation is remembered (ms)
+// KEYS[4] its operations set
+// ARGV[1] quantity, ARGV[2] operation id, ARGV[3] how long an operation is
+// remembered (ms)
 // Returns the new value (the current one when an earlier copy of this
 // operation gave back), or -1 when the counter is missing.
 var giveBackScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[4]) == 1 then
-	return tonumber(redis.call('GET', KEYS[1]) or '-1')
+local t = redis.call('TIME')
+local now, keep = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - keep))
+local done = redis.call('ZSCORE', KEYS[4], ARGV[2])
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+if done then
+	if exists then return tonumber(redis.call('GET', KEYS[1])) end
+	return -1
 end
 local v = -1
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if exists then
 	v = redis.call('INCRBY', KEYS[1], ARGV[1])
 elseif redis.call('EXISTS', KEYS[2]) == 1 then
 	redis.call('INCRBY', KEYS[3], ARGV[1])
 	redis.call('EXPIRE', KEYS[3], 60)
 end
-redis.call('SET', KEYS[4], 1, 'PX', ARGV[2])
+redis.call('ZADD', KEYS[4], now, ARGV[2])
+redis.call('PEXPIRE', KEYS[4], keep)
 return v
 `)
 

@@ -38,6 +38,9 @@ type StockGate struct {
 	// failed half-way (Redis down during a give-back or take).
 	dirtyMu sync.Mutex
 	dirty   map[int64]bool
+	// takeKeys holds each product's KEYS of takeScript, made once.
+	takeKeysMu sync.RWMutex
+	takeKeys   map[int64][]string
 	// RebuildWait bounds how long a take waits for another process to
 	// rebuild a missing counter before reporting the gate unavailable.
 	RebuildWait time.Duration
@@ -98,8 +101,8 @@ func (g *StockGate) Take(ctx context.Context, productID int64, qty int) (bool, e
 // op names the take: the same command, sent again by the client, takes
 // once.
 func (g *StockGate) take(ctx context.Context, productID int64, qty int, op string) (int, error) {
-	keys := []string{g.keys.Stock(productID), g.keys.StockOp(productID, op)}
-	args := []any{qty, stockOpsKeepMS}
+	keys := g.takeKeysOf(productID)
+	args := []any{qty, op, stockOpsKeepMS}
 	cmd := send(ctx, g.pipe, func(p redis.Pipeliner) *redis.Cmd { return takeScript.EvalSha(ctx, p, keys, args...) })
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		cmd = takeScript.Run(ctx, g.rdb, keys, args...)
@@ -109,11 +112,33 @@ func (g *StockGate) take(ctx context.Context, productID int64, qty int, op strin
 
 // stockOpsKeep is how long a take or give-back is remembered by its
 // operation id: longer than a client goes on resending one command, and
-// longer than a copy of it can wait in a blocked server.
+// longer than a copy of it can wait in a blocked server. The operations
+// set of a product holds the operations of this window.
 const stockOpsKeep = time.Minute
 
-// stockOpsKeepMS is stockOpsKeep as a script's argument, boxed once.
+// stockOpsKeepMS is stockOpsKeep as a take's argument, boxed once.
 var stockOpsKeepMS any = stockOpsKeep.Milliseconds()
+
+// takeKeysOf returns the KEYS of a take of productID (which the script
+// only reads). Only products that exist are taken from (the shop refuses
+// an unknown one before the gate), so the cache is as large as the
+// catalogue.
+func (g *StockGate) takeKeysOf(productID int64) []string {
+	g.takeKeysMu.RLock()
+	keys, ok := g.takeKeys[productID]
+	g.takeKeysMu.RUnlock()
+	if ok {
+		return keys
+	}
+	keys = []string{g.keys.Stock(productID), g.keys.StockOps(productID)}
+	g.takeKeysMu.Lock()
+	defer g.takeKeysMu.Unlock()
+	if g.takeKeys == nil {
+		g.takeKeys = map[int64][]string{}
+	}
+	g.takeKeys[productID] = keys
+	return keys
+}
 
 // GiveBack returns qty to the product's counter, if the counter exists; a
 // missing one is rebuilt from the database, which already counts the cards.
@@ -132,8 +157,8 @@ func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) erro
 // again by the client, gives back once.
 func (g *StockGate) giveBack(ctx context.Context, productID int64, qty int, op string) error {
 	return giveBackScript.Run(ctx, g.rdb, []string{g.keys.Stock(productID), g.keys.StockRebuildLock(productID),
-		g.keys.StockRebuildPending(productID), g.keys.StockOp(productID, op)},
-		qty, stockOpsKeepMS).Err()
+		g.keys.StockRebuildPending(productID), g.keys.StockOps(productID)},
+		qty, op, stockOpsKeep.Milliseconds()).Err()
 }
 
 func (g *StockGate) markDirty(productID int64) {
