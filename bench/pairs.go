@@ -79,7 +79,7 @@ type liveChunks struct {
 	o      *options
 	c      *client
 	db     *bun.DB
-	ledger *domain.Ledger // the direct phase's ledger (TTL -ttl)
+	ledger *domain.Ledger // the direct phase's ledger (its TTL: -ttl, or the server's with -url)
 	probe  cpuProbe
 }
 

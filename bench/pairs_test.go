@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -60,44 +59,28 @@ func TestReportJudgesTheMedian(t *testing.T) {
 			{First: "direct", EndToEndOrders: 10000, EndToEnd: 1300, DirectOrders: 16000, Direct: 2000, Ratio: 0.65},
 		}}
 	r.RatioMedian, r.RatioOf, r.RatioFailed = judgedRatio(r.Ratio, r.Pairs)
-	var buf bytes.Buffer
-	r.Write(&buf)
-	out := buf.String()
-	for _, want := range []string{
+	reportHas(t, r,
 		"pair 1        end to end first: end to end 10000 orders 1250/s (8.0s), direct 16000 orders 2000/s (8.0s): 0.62",
 		"pair 2        direct first: end to end 10000 orders 1300/s (7.7s), direct 16000 orders 2000/s (8.0s): 0.65",
 		// (0.57 + √(0.625 × 0.65)) / 2 = 0.604
 		"judged        0.60, the median of 2: main 0.57, couple 0.64 (rounds 0.62, 0.65)",
 		"ratio 0.60 ≥ 0.60: met (the same transactions, median of 2)",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("report lacks %q:\n%s", want, out)
-		}
-	}
+	)
 
 	// A failed round: the target is not met, whatever the median.
 	r.Ratio = 0.7
 	r.Pairs[1] = PairReport{First: "direct", EndToEndOrders: 10000, DirectOrders: 16000, Error: "direct: 3 calls failed"}
 	r.RatioMedian, r.RatioOf, r.RatioFailed = judgedRatio(r.Ratio, r.Pairs)
-	buf.Reset()
-	r.Write(&buf)
-	out = buf.String()
-	for _, want := range []string{
+	reportHas(t, r,
 		"pair 2        direct first: FAILED: direct: 3 calls failed",
 		"main 0.70, couple no mean (rounds 0.62, failed); 1 round FAILED",
 		"ratio 0.70 ≥ 0.60: NOT met (the same transactions, median of 1; 1 round FAILED)",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("report lacks %q:\n%s", want, out)
-		}
-	}
+	)
 
 	r.Ratio = 0.55
 	r.Pairs = nil
 	r.RatioMedian, r.RatioOf, r.RatioFailed = judgedRatio(r.Ratio, nil)
-	buf.Reset()
-	r.Write(&buf)
-	if out := buf.String(); !strings.Contains(out, "ratio 0.55 ≥ 0.60: NOT met (the same transactions)") || strings.Contains(out, "median") {
+	if out := reportHas(t, r, "ratio 0.55 ≥ 0.60: NOT met (the same transactions)"); strings.Contains(out, "median") {
 		t.Errorf("without pairs the main ratio is judged alone:\n%s", out)
 	}
 }

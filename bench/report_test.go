@@ -122,10 +122,7 @@ func TestReportWrite(t *testing.T) {
 		Drain: &DrainReport{Orders: 20000, StartSeconds: 0.5, WindowSeconds: 2, ClosesPerSec: 10000,
 			Close: &CloseReport{Closed: 20000}, RedisBytesPer10k: 800000},
 	}
-	var buf bytes.Buffer
-	r.Write(&buf)
-	out := buf.String()
-	for _, want := range []string{
+	reportHas(t, r,
 		"orders placed 19990 in 10.00s: 1999 orders/s",
 		"p50 25.5ms  p99 80.2ms  max 1.20s",
 		"errors        SOLD_OUT 7, TRANSPORT 3",
@@ -151,27 +148,16 @@ func TestReportWrite(t *testing.T) {
 		"closed        20000 of 20000, ready → last close 2.00s: 10000 closes/s",
 		"Redis close queue 800000 bytes per 10,000 pending",
 		"drain 10000 closes/s ≥ 20000: NOT met; 10.00× pgbench ≥ 5×: met",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("report lacks %q:\n%s", want, out)
-		}
-	}
+	)
 
 	r.Audit = &AuditReport{Violations: []string{"pending_card_count order 1: PENDING with 0 LOCKED cards, want 1"}}
 	r.Close.Complete = false
 	r.Ratio = 0.2
 	r.Direct = &DirectReport{Runs: (*settle)(nil).describe(), PlaceOnly: true, OK: 20000, WallSeconds: 8, OrdersPerSec: 2500}
-	buf.Reset()
-	r.Write(&buf)
-	out = buf.String()
-	for _, want := range []string{"1 VIOLATIONS", "pending_card_count order 1", "INCOMPLETE",
+	out := reportHas(t, r, "1 VIOLATIONS", "pending_card_count order 1", "INCOMPLETE",
 		"direct place only (-direct-place-only): Ledger.PlaceOrder, no payments, no closes",
 		"end-to-end / direct  0.20 (direct placed only: not the same transactions)",
-		"ratio 0.20 ≥ 0.60: NOT met (direct placed only: not the same transactions)"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("report lacks %q:\n%s", want, out)
-		}
-	}
+		"ratio 0.20 ≥ 0.60: NOT met (direct placed only: not the same transactions)")
 	for _, unwanted := range []string{"Ledger.RecordPayment", "Ledger.CloseOrders"} {
 		if strings.Contains(out, unwanted) {
 			t.Errorf("a place-only direct phase reports %q:\n%s", unwanted, out)
@@ -261,4 +247,19 @@ func TestWaitsByTenth(t *testing.T) {
 	if got := fmtTenth(nil); got != "-" {
 		t.Errorf("fmtTenth(nil) = %q", got)
 	}
+}
+
+// reportHas prints r as people read it, fails the test for each of wants
+// the text lacks, and returns the text.
+func reportHas(t *testing.T, r *Report, wants ...string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	r.Write(&buf)
+	out := buf.String()
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	return out
 }
