@@ -180,7 +180,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent storefront workers (and direct callers)")
 	fs.IntVar(&o.directOrders, "direct-orders", 0, "orders for the direct phase; 0: as many as -orders")
 	fs.IntVar(&o.pairs, "pairs", 4, "rounds of interleaved end-to-end and direct chunks after the direct phase, an even number (see pairs.go); the ratio judged against the 0.60 target is the median of the main phases' ratio and each couple of rounds' geometric mean; 0, or chunks expected to last under 5 TTLs: the main phases' ratio alone; not run with -no-direct or -direct-place-only")
-	fs.IntVar(&o.pairOrders, "pair-orders", 0, "end-to-end orders in each round's chunk; 0: half of -orders")
+	fs.IntVar(&o.pairOrders, "pair-orders", 0, "end-to-end orders in each round's chunk; 0: enough to last about 8 TTLs at the place phase's rate, at least half of -orders (see pairChunkOrders)")
 	fs.Float64Var(&o.payShare, "pay-share", 0.5, "share of orders paid through the sandbox webhook, 0 to 1")
 	fs.IntVar(&o.dbMaxConns, "db-max-conns", 20, "KAMI_DB_MAX_CONNS of the server, and the direct phase's pool")
 	fs.BoolVar(&o.noDirect, "no-direct", false, "skip the direct phase")
@@ -224,16 +224,13 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-direct-orders: want 0 to 2000000")
 	case o.pairs < 0 || o.pairs > 20 || o.pairs%2 == 1:
 		return nil, fmt.Errorf("-pairs: want an even number from 0 to 20")
-	case o.pairOrders < 0 || o.pairOrders > 2_000_000:
-		return nil, fmt.Errorf("-pair-orders: want 0 to 2000000")
+	case o.pairOrders < 0 || o.pairOrders > maxPairOrders:
+		return nil, fmt.Errorf("-pair-orders: want 0 to %d", maxPairOrders)
 	case o.loadClient != loadWire && o.loadClient != loadNetHTTP:
 		return nil, fmt.Errorf("-load-client: want %s or %s", loadWire, loadNetHTTP)
 	}
 	if o.profileDir != "" && o.url != "" {
 		return nil, fmt.Errorf("-profile: only for a server the tool starts (not with -url)")
-	}
-	if o.pairOrders == 0 {
-		o.pairOrders = max(1, o.orders/2)
 	}
 	if o.directOrders == 0 {
 		o.directOrders = o.orders
@@ -557,13 +554,14 @@ func run(ctx context.Context, o *options) (code int) {
 				rep.Ratio = rep.Place.OrdersPerSec / d.OrdersPerSec
 			}
 		}
-		chunkLasts := time.Duration(float64(o.pairOrders) / max(1, rep.Place.OrdersPerSec) * float64(time.Second))
+		pairOrders := pairChunkOrders(o.pairOrders, o.orders, rep.Place.OrdersPerSec, ttl)
+		chunkLasts := time.Duration(float64(pairOrders) / max(1, rep.Place.OrdersPerSec) * float64(time.Second))
 		if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && chunkLasts < minChunkTTLs*ttl {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("pairs not run: an end-to-end chunk of %d orders would last about %s, under %d TTLs of %s (raise -pair-orders)",
-				o.pairOrders, chunkLasts.Round(100*time.Millisecond), minChunkTTLs, ttl))
+				pairOrders, chunkLasts.Round(100*time.Millisecond), minChunkTTLs, ttl))
 		} else if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && runCtx.Err() == nil {
 			rep.Pairs = runPairs(runCtx, pairRun{runID: runID, scale: d.OrdersPerSec / rep.Place.OrdersPerSec, loadGCPercent: loadGCPercent,
-				chunks: liveChunks{o: o, c: c, db: db, ledger: dl, probe: probe}}, o.pairs, o.pairOrders)
+				chunks: liveChunks{o: o, c: c, db: db, ledger: dl, probe: probe}}, o.pairs, pairOrders)
 		}
 	}
 	rep.RatioMedian, rep.RatioOf, rep.RatioFailed = judgedRatio(rep.Ratio, rep.Pairs)

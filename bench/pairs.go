@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/uptrace/bun"
 
@@ -205,6 +206,30 @@ func judgedRatio(main float64, pairs []PairReport) (ratio float64, of, failed in
 // minChunkTTLs is how many TTLs an end-to-end chunk must be expected to
 // last for the rounds to run.
 const minChunkTTLs = 5
+
+// autoChunkTTLs is how many TTLs an end-to-end chunk is sized to last when
+// -pair-orders is left at 0: well over minChunkTTLs, so that on a fast
+// machine (where half of -orders places in under 5 s) the rounds still run
+// and most of each chunk places beside closes, as the main phases do.
+const autoChunkTTLs = 8
+
+// pairChunkOrders is the end-to-end orders of each round's chunk: asked
+// (-pair-orders) when set; otherwise half of the main phase's orders, or
+// as many as the place phase's rate (orders/s) places in autoChunkTTLs
+// TTLs when that is more, at most maxPairOrders.
+func pairChunkOrders(asked, orders int, rate float64, ttl time.Duration) int {
+	if asked > 0 {
+		return asked
+	}
+	n := max(1, orders/2)
+	if want := int(math.Ceil(rate * autoChunkTTLs * ttl.Seconds())); want > n {
+		n = want
+	}
+	return min(n, maxPairOrders)
+}
+
+// maxPairOrders bounds -pair-orders and the chunks sized for it.
+const maxPairOrders = 2_000_000
 
 // atGCPercent runs f with this process's garbage collector target at
 // percent, then puts back the one it had. The direct phase leaves the

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestJudgedRatio(t *testing.T) {
@@ -129,6 +130,36 @@ func TestPairsAlternateAndRunTheLoadAtThePlacePhasesGCTarget(t *testing.T) {
 	for i, p := range pairs {
 		if p.Ratio != 0.6 || p.Error != "" {
 			t.Errorf("pair %d: %+v", i+1, p)
+		}
+	}
+}
+
+// A chunk left to the bench lasts about autoChunkTTLs TTLs at the place
+// phase's rate, or half of -orders when that is more; one asked for is
+// kept. On a fast machine half of -orders placed in under minChunkTTLs
+// TTLs, and the rounds were skipped.
+func TestPairChunkOrders(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		asked, n     int
+		rate         float64
+		ttl          time.Duration
+		want         int
+		lastsAtLeast time.Duration
+	}{
+		{"fast machine: sized by the rate", 0, 20_000, 2_100, time.Second, 16_800, minChunkTTLs * time.Second},
+		{"slow machine: half of -orders", 0, 20_000, 900, time.Second, 10_000, minChunkTTLs * time.Second},
+		{"a longer TTL", 0, 20_000, 2_000, 5 * time.Second, 80_000, minChunkTTLs * 5 * time.Second},
+		{"asked for", 3_000, 20_000, 2_100, time.Second, 3_000, 0},
+		{"capped", 0, 20_000, 1e9, time.Second, maxPairOrders, 0},
+		{"no rate", 0, 1, 0, time.Second, 1, 0},
+	} {
+		got := pairChunkOrders(c.asked, c.n, c.rate, c.ttl)
+		if got != c.want {
+			t.Errorf("%s: %d orders, want %d", c.name, got, c.want)
+		}
+		if lasts := time.Duration(float64(got) / c.rate * float64(time.Second)); c.lastsAtLeast > 0 && lasts < c.lastsAtLeast {
+			t.Errorf("%s: the chunk lasts %s, under the %s the rounds need", c.name, lasts, c.lastsAtLeast)
 		}
 	}
 }
