@@ -225,6 +225,14 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	var wg sync.WaitGroup
 	groups0 := ledgerGroups(ledger)
 	cpu0 := probe.take()
+	// A measured run (the direct phase, a round's direct chunk) is sampled
+	// as the place phase and the end-to-end chunks are: the sampler's
+	// queries then cost the database the same on both sides of the ratio.
+	// The placing that only sets up later phases is not.
+	var waits *waitSampler
+	if probe != (cpuProbe{}) {
+		waits = sampleWaits(ctx, ledger.DB(), waitEvery)
+	}
 	start := time.Now()
 	for w := 0; w < conc; w++ {
 		wg.Add(1)
@@ -287,7 +295,7 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	cpu := cpuUse(cpu0, probe.take())
 	rep := &DirectReport{Runs: st.describe(), PlaceOnly: st == nil, OK: len(all), Errors: errs, WallSeconds: wall.Seconds(),
 		OrdersPerSec: rate(len(all), wall), Latency: summarize(all), ByTenth: byTenth(doneAt, wall),
-		Groups: groupsSince(groups0, ledgerGroups(ledger))}
+		Waits: waits.Stop(start, wall), Groups: groupsSince(groups0, ledgerGroups(ledger))}
 	if st == nil {
 		return rep, cpu, nil
 	}

@@ -451,7 +451,7 @@ func run(ctx context.Context, o *options) (code int) {
 		placeCPU = prof.cpu(runCtx, o.profileFor, "cpu-place.pprof")
 	}
 	progress("placing %d orders at concurrency %d, paying %.0f%%", o.orders, o.concurrency, 100*o.payShare)
-	waits := sampleWaits(runCtx, db, 100*time.Millisecond)
+	waits := sampleWaits(runCtx, db, waitEvery)
 	groups0 := c.groupCounters(runCtx)
 	lr := runLoad(runCtx, o.storefronts(c, productID, runID), o.orders, o.concurrency, o.payShare)
 	placeEnd := time.Now()

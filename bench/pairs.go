@@ -141,7 +141,11 @@ func (lc liveChunks) endToEnd(ctx context.Context, id string, n int) (float64, e
 	if err != nil {
 		return 0, fmt.Errorf("setup: %w", err)
 	}
+	// Sampled as the direct chunks are, though nobody reads it: the
+	// sampler's queries cost the database the same on both sides.
+	waits := sampleWaits(ctx, lc.db, waitEvery)
 	lr := runLoad(ctx, lc.o.storefronts(lc.c, productID, id), n, lc.o.concurrency, lc.o.payShare)
+	waits.Stop(lr.start, lr.wall)
 	// Failed or not, the chunk ends once its orders have closed: the
 	// server's closes of a failed chunk would otherwise run beside the
 	// next chunk (a direct one, in the next round) and slow it.

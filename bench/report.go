@@ -209,6 +209,9 @@ type DirectReport struct {
 	OrdersPerSec float64        `json:"orders_per_sec"`
 	Latency      Latency        `json:"latency"`
 	ByTenth      []float64      `json:"orders_per_sec_by_tenth,omitempty"`
+	// Waits is what the machine and the database did in each tenth,
+	// sampled as in the place phase.
+	Waits *WaitsReport `json:"waits,omitempty"`
 	// Unless PlaceOnly: the payments (Ledger.RecordPayment) and the closes
 	// (Ledger.CloseOrders, measured from the rows as the close phase is).
 	Pay          *PayReport             `json:"pay,omitempty"`
@@ -286,21 +289,7 @@ func (r *Report) Write(w io.Writer) {
 	if len(r.Place.ByTenth) > 0 {
 		p("  by tenth      %s orders/s", fmtSeries(r.Place.ByTenth))
 	}
-	if w := r.Place.Waits; w != nil {
-		busy := make([]float64, len(w.Busy))
-		for i, b := range w.Busy {
-			busy[i] = 100 * b
-		}
-		p("                %s %% of the machine's CPU busy", fmtSeries(busy))
-		p("  database      kami's sessions by tenth (average number running, and waiting on the most common events)")
-		for i, st := range w.Sessions {
-			ckpt := ""
-			if w.Checkpoints[i] > 0 {
-				ckpt = fmt.Sprintf("  (%d checkpoint started)", w.Checkpoints[i])
-			}
-			p("    %2d  %s%s", i+1, fmtTenth(st), ckpt)
-		}
-	}
+	printWaits(p, r.Place.Waits, "kami's")
 	if len(r.Place.Groups) > 0 {
 		p("  group commit  %s", fmtGroups(r.Place.Groups))
 	}
@@ -345,6 +334,7 @@ func (r *Report) Write(w io.Writer) {
 		if len(d.ByTenth) > 0 {
 			p("  by tenth      %s orders/s", fmtSeries(d.ByTenth))
 		}
+		printWaits(p, d.Waits, "the ledger's")
 		if len(d.Groups) > 0 {
 			p("  group commit  %s", fmtGroups(d.Groups))
 		}
@@ -565,4 +555,25 @@ func fmtCounts(m map[string]int) string {
 		parts[i] = fmt.Sprintf("%s %d", k, m[k])
 	}
 	return strings.Join(parts, ", ")
+}
+
+// printWaits prints what the machine and the database sessions of whose
+// (kami's, the ledger's) did in each tenth of a phase; nothing without w.
+func printWaits(p func(string, ...any), w *WaitsReport, whose string) {
+	if w == nil {
+		return
+	}
+	busy := make([]float64, len(w.Busy))
+	for i, b := range w.Busy {
+		busy[i] = 100 * b
+	}
+	p("                %s %% of the machine's CPU busy", fmtSeries(busy))
+	p("  database      %s sessions by tenth (average number running, and waiting on the most common events)", whose)
+	for i, st := range w.Sessions {
+		ckpt := ""
+		if w.Checkpoints[i] > 0 {
+			ckpt = fmt.Sprintf("  (%d checkpoint started)", w.Checkpoints[i])
+		}
+		p("    %2d  %s%s", i+1, fmtTenth(st), ckpt)
+	}
 }

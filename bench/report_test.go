@@ -263,3 +263,18 @@ func reportHas(t *testing.T, r *Report, wants ...string) string {
 	}
 	return out
 }
+
+// Both phases of the ratio print their waits, each naming whose sessions
+// they are: the sampler runs on both sides, so its queries cost the
+// database the same in both.
+func TestReportPrintsBothPhasesWaits(t *testing.T) {
+	waits := func(state string) *WaitsReport {
+		w := &WaitsReport{Sessions: make([]map[string]float64, 10), Busy: make([]float64, 10), Checkpoints: make([]int, 10)}
+		w.Sessions[0] = map[string]float64{state: 2}
+		w.Busy[0] = 0.5
+		return w
+	}
+	r := &Report{Place: PlaceReport{OK: 10, Waits: waits("IO:WALSync")},
+		Direct: &DirectReport{OK: 10, ByTenth: []float64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, Waits: waits("Lock:transactionid")}}
+	reportHas(t, r, "kami's sessions by tenth", "WALSync 2.0", "the ledger's sessions by tenth", "transactionid 2.0")
+}

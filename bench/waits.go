@@ -45,6 +45,10 @@ type waitSampler struct {
 	samples []waitSample
 }
 
+// waitEvery is how often the place phase and the direct phase sample
+// waits.
+const waitEvery = 100 * time.Millisecond
+
 // sampleWaits starts sampling kami's database db every interval; nil when
 // db is not PostgreSQL.
 func sampleWaits(ctx context.Context, db *bun.DB, every time.Duration) *waitSampler {
@@ -101,11 +105,14 @@ func takeWaitSample(ctx context.Context, db *bun.DB) (waitSample, error) {
 // Stop ends the sampling and reports the samples of [start, start+wall)
 // by tenth.
 func (s *waitSampler) Stop(start time.Time, wall time.Duration) *WaitsReport {
-	if s == nil || wall <= 0 {
+	if s == nil {
 		return nil
 	}
 	s.stop()
 	<-s.done
+	if wall <= 0 {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rep := &WaitsReport{Sessions: make([]map[string]float64, 10), Busy: make([]float64, 10), Checkpoints: make([]int, 10)}
