@@ -44,7 +44,7 @@ func runDrain(ctx context.Context, db *bun.DB, rdb redis.UniversalClient, keys q
 		return nil, nil, err
 	}
 	name := "bench-direct-" + runID + "-drain"
-	if d, _, err := runDirect(ctx, ledger, runID+"-drain", n, conc, cpuProbe{}, nil); err != nil {
+	if d, _, err := runDirect(ctx, ledger, runID+"-drain", n, conc, cpuProbe{}, nil, false); err != nil {
 		return nil, nil, err
 	} else if d.OK != n {
 		return nil, nil, fmt.Errorf("placed %d of %d backlog orders: %v", d.OK, n, d.Errors)

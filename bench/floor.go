@@ -239,7 +239,7 @@ func ledgerClose(ctx context.Context, db *bun.DB, probe cpuProbe, runID string, 
 	if err != nil {
 		return err
 	}
-	if d, _, err := runDirect(ctx, ledger, runID+"-floor", n, 64, cpuProbe{}, nil); err != nil {
+	if d, _, err := runDirect(ctx, ledger, runID+"-floor", n, 64, cpuProbe{}, nil, false); err != nil {
 		return err
 	} else if d.OK != n {
 		return fmt.Errorf("placed %d of %d orders: %v", d.OK, n, d.Errors)

@@ -193,7 +193,7 @@ func (s *settle) describe() string {
 // Ledger.CloseOrders as they fall due (after the ledger's TTL), while
 // placing goes on and until all are closed. Orders/s is over the placing
 // (its payments included), as end to end.
-func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc int, probe cpuProbe, st *settle) (*DirectReport, CPUUse, error) {
+func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc int, probe cpuProbe, st *settle, sampled bool) (*DirectReport, CPUUse, error) {
 	name := "bench-direct-" + runID
 	price := int64(100)
 	p, err := ledger.CreateProduct(ctx, domain.ProductInput{Name: &name, PriceFen: &price}, "bench")
@@ -225,12 +225,12 @@ func runDirect(ctx context.Context, ledger *domain.Ledger, runID string, n, conc
 	var wg sync.WaitGroup
 	groups0 := ledgerGroups(ledger)
 	cpu0 := probe.take()
-	// A measured run (the direct phase, a round's direct chunk) is sampled
-	// as the place phase and the end-to-end chunks are: the sampler's
-	// queries then cost the database the same on both sides of the ratio.
-	// The placing that only sets up later phases is not.
+	// sampled: a measured run (the direct phase, a round's direct chunk)
+	// is sampled as the place phase and the end-to-end chunks are, so the
+	// sampler's queries cost the database the same on both sides of the
+	// ratio. The placing that only sets up later phases is not.
 	var waits *waitSampler
-	if probe != (cpuProbe{}) {
+	if sampled {
 		waits = sampleWaits(ctx, ledger.DB(), waitEvery)
 	}
 	start := time.Now()

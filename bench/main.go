@@ -542,7 +542,7 @@ func run(ctx context.Context, o *options) (code int) {
 			}
 		}
 		progress("direct through the ledger, %d orders: %s", o.directOrders, st.describe())
-		d, cpu, err := runDirect(runCtx, dl, runID, o.directOrders, o.concurrency, probe, st)
+		d, cpu, err := runDirect(runCtx, dl, runID, o.directOrders, o.concurrency, probe, st, true)
 		rep.Process.DirectCPU = cpu
 		if err != nil {
 			rep.Notes = append(rep.Notes, "direct phase: "+err.Error())
@@ -557,7 +557,7 @@ func run(ctx context.Context, o *options) (code int) {
 		pairOrders := pairChunkOrders(o.pairOrders, o.orders, rep.Place.OrdersPerSec, ttl)
 		chunkLasts := time.Duration(float64(pairOrders) / max(1, rep.Place.OrdersPerSec) * float64(time.Second))
 		if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && chunkLasts < minChunkTTLs*ttl {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("pairs not run: an end-to-end chunk of %d orders would last about %s, under %d TTLs of %s (raise -pair-orders)",
+			rep.Notes = append(rep.Notes, fmt.Sprintf("pairs not run: an end-to-end chunk of %d orders would last about %s, under %d TTLs of %s (shorten -ttl, or raise -pair-orders and -timeout)",
 				pairOrders, chunkLasts.Round(100*time.Millisecond), minChunkTTLs, ttl))
 		} else if rep.Ratio > 0 && !o.directPlaceOnly && o.pairs > 0 && runCtx.Err() == nil {
 			rep.Pairs = runPairs(runCtx, pairRun{runID: runID, scale: d.OrdersPerSec / rep.Place.OrdersPerSec, loadGCPercent: loadGCPercent,

@@ -163,7 +163,7 @@ func (lc liveChunks) endToEnd(ctx context.Context, id string, n int) (float64, e
 // direct runs n orders through the ledger, as the direct phase does (it
 // returns once its orders have all closed).
 func (lc liveChunks) direct(ctx context.Context, id string, n int) (float64, error) {
-	d, _, err := runDirect(ctx, lc.ledger, id, n, lc.o.concurrency, lc.probe, &settle{payShare: lc.o.payShare})
+	d, _, err := runDirect(ctx, lc.ledger, id, n, lc.o.concurrency, lc.probe, &settle{payShare: lc.o.payShare}, true)
 	if err != nil {
 		return 0, fmt.Errorf("direct: %w", err)
 	}
@@ -220,17 +220,23 @@ const autoChunkTTLs = 8
 // pairChunkOrders is the end-to-end orders of each round's chunk: asked
 // (-pair-orders) when set; otherwise half of the main phase's orders, or
 // as many as the place phase's rate (orders/s) places in autoChunkTTLs
-// TTLs when that is more, at most maxPairOrders.
+// TTLs when that is more, but at most autoChunkMax times the main phase's
+// orders: the rounds (four chunks each way by default) must fit the run's
+// -timeout beside the main phases, so a long TTL skips them (a note says
+// so) rather than running chunks of hours.
 func pairChunkOrders(asked, orders int, rate float64, ttl time.Duration) int {
 	if asked > 0 {
 		return asked
 	}
 	n := max(1, orders/2)
-	if want := int(math.Ceil(rate * autoChunkTTLs * ttl.Seconds())); want > n {
-		n = want
-	}
-	return min(n, maxPairOrders)
+	want := math.Ceil(rate * autoChunkTTLs * ttl.Seconds())
+	want = math.Min(want, float64(min(autoChunkMax*orders, maxPairOrders)))
+	return max(n, int(want))
 }
+
+// autoChunkMax bounds a chunk sized by pairChunkOrders, in main-phase
+// orders.
+const autoChunkMax = 2
 
 // maxPairOrders bounds -pair-orders and the chunks sized for it.
 const maxPairOrders = 2_000_000

@@ -149,9 +149,14 @@ func TestPairChunkOrders(t *testing.T) {
 	}{
 		{"fast machine: sized by the rate", 0, 20_000, 2_100, time.Second, 16_800, minChunkTTLs * time.Second},
 		{"slow machine: half of -orders", 0, 20_000, 900, time.Second, 10_000, minChunkTTLs * time.Second},
-		{"a longer TTL", 0, 20_000, 2_000, 5 * time.Second, 80_000, minChunkTTLs * 5 * time.Second},
+		{"a longer TTL", 0, 20_000, 1_000, 3 * time.Second, 24_000, minChunkTTLs * 3 * time.Second},
 		{"asked for", 3_000, 20_000, 2_100, time.Second, 3_000, 0},
-		{"capped", 0, 20_000, 1e9, time.Second, maxPairOrders, 0},
+		// At most twice the main phase: a 60 s TTL would size chunks of
+		// 8 minutes each, and the rounds would outlast -timeout; they are
+		// skipped instead (the chunk lasts under 5 TTLs).
+		{"a long TTL: capped by the main phase", 0, 20_000, 4_000, time.Minute, 40_000, 0},
+		{"capped", 0, 2_000_000, 1e9, time.Second, maxPairOrders, 0},
+		{"no overflow", 0, 20_000, math.MaxFloat64, time.Hour, 40_000, 0},
 		{"no rate", 0, 1, 0, time.Second, 1, 0},
 	} {
 		got := pairChunkOrders(c.asked, c.n, c.rate, c.ttl)

@@ -289,7 +289,7 @@ func (r *Report) Write(w io.Writer) {
 	if len(r.Place.ByTenth) > 0 {
 		p("  by tenth      %s orders/s", fmtSeries(r.Place.ByTenth))
 	}
-	printWaits(p, r.Place.Waits, "kami's")
+	printWaits(p, r.Place.Waits, "the database's (kami's)")
 	if len(r.Place.Groups) > 0 {
 		p("  group commit  %s", fmtGroups(r.Place.Groups))
 	}
@@ -334,7 +334,7 @@ func (r *Report) Write(w io.Writer) {
 		if len(d.ByTenth) > 0 {
 			p("  by tenth      %s orders/s", fmtSeries(d.ByTenth))
 		}
-		printWaits(p, d.Waits, "the ledger's")
+		printWaits(p, d.Waits, "the database's (the ledger's)")
 		if len(d.Groups) > 0 {
 			p("  group commit  %s", fmtGroups(d.Groups))
 		}

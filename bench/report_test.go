@@ -276,5 +276,5 @@ func TestReportPrintsBothPhasesWaits(t *testing.T) {
 	}
 	r := &Report{Place: PlaceReport{OK: 10, Waits: waits("IO:WALSync")},
 		Direct: &DirectReport{OK: 10, ByTenth: []float64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, Waits: waits("Lock:transactionid")}}
-	reportHas(t, r, "kami's sessions by tenth", "WALSync 2.0", "the ledger's sessions by tenth", "transactionid 2.0")
+	reportHas(t, r, "the database's (kami's) sessions by tenth", "WALSync 2.0", "the database's (the ledger's) sessions by tenth", "transactionid 2.0")
 }

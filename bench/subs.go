@@ -112,7 +112,7 @@ func openSubscriptions(ctx context.Context, base, adminToken string, orderNos []
 // reports the server's resident memory before and with them. With prof,
 // the server's heap is saved while they are open.
 func measureSubscriptions(ctx context.Context, ledger *domain.Ledger, base, adminToken, runID string, n, conc, pid int, pprofBase string, prof *profiler) (*SubscriptionsReport, error) {
-	d, _, err := runDirect(ctx, ledger, runID, n, conc, cpuProbe{}, nil)
+	d, _, err := runDirect(ctx, ledger, runID, n, conc, cpuProbe{}, nil, false)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/uptrace/bun"
 )
 
-// WaitsReport says, for each tenth of the place phase, how busy the
+// WaitsReport says, for each tenth of a phase (place, direct), how busy the
 // machine was and what the database sessions of kami's database were
 // doing, sampled every 100 ms: a tenth whose orders/s falls off then shows
 // whether the machine was busy (CPU) or the database waited (on a row lock,
@@ -45,8 +45,8 @@ type waitSampler struct {
 	samples []waitSample
 }
 
-// waitEvery is how often the place phase and the direct phase sample
-// waits.
+// waitEvery is how often the place and direct phases, and the rounds'
+// chunks, sample waits.
 const waitEvery = 100 * time.Millisecond
 
 // sampleWaits starts sampling kami's database db every interval; nil when
