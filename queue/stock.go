@@ -142,11 +142,22 @@ func (g *StockGate) takeKeysOf(productID int64) []string {
 
 // GiveBack returns qty to the product's counter, if the counter exists; a
 // missing one is rebuilt from the database, which already counts the cards.
+//
+// A give-back that fails is sent once more under the same operation id
+// before the counter is left to be rebuilt: no take follows a shop's last
+// close to drop a dirty counter, so until the next sweep a lost give-back
+// leaves its cards refused to buyers. The first copy may have run with
+// its answer lost (a connection broken after the send); the operations set
+// makes the second a no-op then.
 func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) error {
 	if qty <= 0 {
 		return nil
 	}
-	err := g.giveBack(ctx, productID, qty, randomToken())
+	op := randomToken()
+	err := g.giveBack(ctx, productID, qty, op)
+	if err != nil && ctx.Err() == nil {
+		err = g.giveBack(ctx, productID, qty, op)
+	}
 	if err != nil {
 		g.markDirty(productID)
 	}

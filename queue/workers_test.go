@@ -276,6 +276,14 @@ func TestRedisDownMidRun(t *testing.T) {
 			})
 			closedOnce(t, db, nos)
 			mustAudit(t, e.ledger)
+			// Stopped first: the sweeper (every second here) closes
+			// overdue orders itself whenever it finds Redis away, and
+			// gives their cards back after its commit; the waits above
+			// can end between the two (the close queue's members of
+			// those orders acked as already closed). Stop waits for it.
+			if err := w.Stop(e.ctx); err != nil {
+				t.Fatal(err)
+			}
 			// A close committed while Redis was away may give its cards
 			// back only once Redis is back, after the counter was rebuilt
 			// from a database that already counts them: the counter can
@@ -285,7 +293,7 @@ func TestRedisDownMidRun(t *testing.T) {
 			n, ok, err := e.gate.Counter(e.ctx, p.ID)
 			cs, _ := e.ledger.StockCounts(e.ctx, p.ID)
 			if err != nil || !ok || n < cs[p.ID].Lockable {
-				t.Fatalf("counter %d (present %v, %v) below the database's %d lockable cards", n, ok, err, cs[p.ID].Lockable)
+				t.Fatalf("counter %d (present %v, %v) below the database's %d lockable cards; workers %+v", n, ok, err, cs[p.ID].Lockable, w.Stats())
 			}
 			if _, err := e.gate.Repair(e.ctx, p.ID); err != nil {
 				t.Fatal(err)
