@@ -7,3 +7,8 @@ package queue
 // sender is about to end, after it asked for a claim if it would), so a
 // test can hold a goroutine exactly there. Set it before the workers run.
 func (w *WebhookWorkers) SetHook(hook func(point string)) { w.hook = hook }
+
+// Dirty reports whether a take or give-back of this process failed on the
+// product's counter since it was last dropped (the next take or sweep
+// drops and rebuilds it).
+func (g *StockGate) Dirty(productID int64) bool { return g.isDirty(productID) }

@@ -293,7 +293,8 @@ func TestRedisDownMidRun(t *testing.T) {
 			n, ok, err := e.gate.Counter(e.ctx, p.ID)
 			cs, _ := e.ledger.StockCounts(e.ctx, p.ID)
 			if err != nil || !ok || n < cs[p.ID].Lockable {
-				t.Fatalf("counter %d (present %v, %v) below the database's %d lockable cards; workers %+v", n, ok, err, cs[p.ID].Lockable, w.Stats())
+				t.Fatalf("counter %d (present %v, %v) below the database's %d lockable cards; left dirty %v; workers %+v",
+					n, ok, err, cs[p.ID].Lockable, e.gate.Dirty(p.ID), w.Stats())
 			}
 			if _, err := e.gate.Repair(e.ctx, p.ID); err != nil {
 				t.Fatal(err)
