@@ -189,13 +189,19 @@ func (g *StockGate) isDirty(productID int64) bool {
 
 // dropDirty deletes a counter this process may have left wrong; the next
 // take rebuilds it from the database.
+//
+// The mark is cleared before the DEL, not after: a call that fails while
+// the DEL is under way (its counter rebuilt meanwhile by another take,
+// from a count that may miss it) marks the product again, and that mark
+// must outlive this drop.
 func (g *StockGate) dropDirty(ctx context.Context, productID int64) error {
-	if err := g.rdb.Del(ctx, g.keys.Stock(productID)).Err(); err != nil {
-		return err
-	}
 	g.dirtyMu.Lock()
 	delete(g.dirty, productID)
 	g.dirtyMu.Unlock()
+	if err := g.rdb.Del(ctx, g.keys.Stock(productID)).Err(); err != nil {
+		g.markDirty(productID)
+		return err
+	}
 	return nil
 }
 
