@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -148,20 +149,30 @@ func (g *StockGate) takeKeysOf(productID int64) []string {
 // close to drop a dirty counter, so until the next sweep a lost give-back
 // leaves its cards refused to buyers. The first copy may have run with
 // its answer lost (a connection broken after the send); the operations set
-// makes the second a no-op then.
+// makes the second a no-op then. One that was never sent (no connection
+// to be had: Redis away) is not tried again at once.
 func (g *StockGate) GiveBack(ctx context.Context, productID int64, qty int) error {
 	if qty <= 0 {
 		return nil
 	}
 	op := randomToken()
 	err := g.giveBack(ctx, productID, qty, op)
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil && !unsent(err) {
 		err = g.giveBack(ctx, productID, qty, op)
 	}
 	if err != nil {
 		g.markDirty(productID)
 	}
 	return err
+}
+
+// unsent reports whether err says the command never left this process: no
+// connection could be had (the dial failed, the pool had none to give).
+// Sending it again at once would only wait as long again, on the close
+// path, while Redis is away.
+func unsent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) || (errors.As(err, &op) && op.Op == "dial")
 }
 
 // giveBack runs giveBackScript as the operation op: the same command, sent

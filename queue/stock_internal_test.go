@@ -445,3 +445,35 @@ func TestGiveBackRetriesOnceUnderItsOperation(t *testing.T) {
 		t.Error("a give-back that failed twice did not leave the counter to be rebuilt")
 	}
 }
+
+// TestGiveBackIsNotResentWhenItWasNeverSent: a give-back that found no
+// connection (Redis away: the dial failed) is not sent again at once, which
+// would only make the close path wait as long again; the counter is left
+// to be rebuilt.
+func TestGiveBackIsNotResentWhenItWasNeverSent(t *testing.T) {
+	t.Parallel()
+	m, rdb := miniClient(t)
+	ctx := context.Background()
+	g := newStockGate(rdb, NewKeys("t:"), func(ctx context.Context, ids ...int64) (map[int64]int, error) {
+		return map[int64]int{7: 10}, nil
+	})
+	var sent atomic.Int32
+	rdb.AddHook(hook{process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if args := cmd.Args(); len(args) > 1 && args[1] == giveBackScript.Hash() {
+				sent.Add(1)
+			}
+			return next(ctx, cmd)
+		}
+	}})
+	m.Close()
+	if err := g.GiveBack(ctx, 7, 3); err == nil || !unsent(err) {
+		t.Fatalf("give-back with Redis away: %v, want a dial error", err)
+	}
+	if n := sent.Load(); n != 1 {
+		t.Errorf("the give-back was tried %d times, want once", n)
+	}
+	if !g.isDirty(7) {
+		t.Error("a give-back that was never sent did not leave the counter to be rebuilt")
+	}
+}
