@@ -180,7 +180,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent storefront workers (and direct callers)")
 	fs.IntVar(&o.directOrders, "direct-orders", 0, "orders for the direct phase; 0: as many as -orders")
 	fs.IntVar(&o.pairs, "pairs", 4, "rounds of interleaved end-to-end and direct chunks after the direct phase, an even number (see pairs.go); the ratio judged against the 0.60 target is the median of the main phases' ratio and each couple of rounds' geometric mean; 0, or chunks expected to last under 5 TTLs: the main phases' ratio alone; not run with -no-direct or -direct-place-only")
-	fs.IntVar(&o.pairOrders, "pair-orders", 0, "end-to-end orders in each round's chunk; 0: enough to last about 8 TTLs at the place phase's rate, at least half of -orders (see pairChunkOrders)")
+	fs.IntVar(&o.pairOrders, "pair-orders", 0, "end-to-end orders in each round's chunk; 0: enough to last about 8 TTLs at the place phase's rate, from half of -orders to twice -orders (see pairChunkOrders)")
 	fs.Float64Var(&o.payShare, "pay-share", 0.5, "share of orders paid through the sandbox webhook, 0 to 1")
 	fs.IntVar(&o.dbMaxConns, "db-max-conns", 20, "KAMI_DB_MAX_CONNS of the server, and the direct phase's pool")
 	fs.BoolVar(&o.noDirect, "no-direct", false, "skip the direct phase")
