@@ -105,7 +105,7 @@ func TestInProcessRedisExpiresKeys(t *testing.T) {
 	}
 	defer closeRedis()
 	keys := NewKeys("t:")
-	g := newStockGate(rdb, keys, func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	g := newStockGate(rdb, keys, countsOf(map[int64]int{7: 10}))
 	if _, err := g.rebuild(ctx, 7, false); err != nil {
 		t.Fatal(err)
 	}

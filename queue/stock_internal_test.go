@@ -115,9 +115,7 @@ func TestCheckGoesOnPastAFailedProduct(t *testing.T) {
 	m, rdb := miniClient(t)
 	ctx := context.Background()
 	keys := NewKeys("t:")
-	g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
-		return map[int64]int{7: 10, 8: 50, 9: 20}, nil
-	})
+	g := newStockGate(rdb, keys, countsOf(map[int64]int{7: 10, 8: 50, 9: 20}))
 	// The failure is a timeout by design (RebuildWait), not a race: the
 	// lock is never released, so product 7 fails however slow the machine.
 	g.RebuildWait = 20 * time.Millisecond
@@ -201,9 +199,7 @@ func TestCheckGoesOnPastAFailedShard(t *testing.T) {
 	_, rdb := miniClient(t)
 	ctx := context.Background()
 	keys := NewKeys("t:")
-	g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
-		return map[int64]int{7: 10, 8: 50, 9: 20}, nil
-	})
+	g := newStockGate(rdb, keys, countsOf(map[int64]int{7: 10, 8: 50, 9: 20}))
 	for id, v := range map[int64]int{7: 3, 8: 5} { // both wrong; 9 missing
 		if err := rdb.Set(ctx, keys.Stock(id), v, 0).Err(); err != nil {
 			t.Fatal(err)
@@ -223,7 +219,7 @@ func TestTakeAndGiveBackCountOncePerOperation(t *testing.T) {
 	m, rdb := miniClient(t)
 	ctx := context.Background()
 	keys := NewKeys("t:")
-	g := newStockGate(rdb, keys, func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	g := newStockGate(rdb, keys, countsOf(map[int64]int{7: 10}))
 	if _, err := g.rebuild(ctx, 7, false); err != nil {
 		t.Fatal(err)
 	}
@@ -274,6 +270,11 @@ func TestTakeAndGiveBackCountOncePerOperation(t *testing.T) {
 }
 
 // miniClient is an in-process Redis of the test's own and a client to it.
+// countsOf is a database whose lockable cards are always counts.
+func countsOf(counts map[int64]int) func(context.Context, ...int64) (map[int64]int, error) {
+	return func(context.Context, ...int64) (map[int64]int, error) { return counts, nil }
+}
+
 func miniClient(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
@@ -337,7 +338,7 @@ func TestTakeCopiesGetTheFirstAnswer(t *testing.T) {
 	_, rdb := miniClient(t)
 	ctx := context.Background()
 	keys := NewKeys("t:")
-	g := newStockGate(rdb, keys, func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	g := newStockGate(rdb, keys, countsOf(map[int64]int{7: 10}))
 	if r, err := g.take(ctx, 7, 1, "missing"); err != nil || r != -1 {
 		t.Fatalf("take from a missing counter: %d %v, want -1", r, err)
 	}
@@ -371,7 +372,7 @@ func TestGiveBackCopyAfterTheRebuildGivesNothing(t *testing.T) {
 	t.Parallel()
 	_, rdb := miniClient(t)
 	ctx := context.Background()
-	g := newStockGate(rdb, NewKeys("t:"), func(context.Context, ...int64) (map[int64]int, error) { return map[int64]int{7: 10}, nil })
+	g := newStockGate(rdb, NewKeys("t:"), countsOf(map[int64]int{7: 10}))
 	if err := g.giveBack(ctx, 7, 3, "close"); err != nil { // the counter is missing
 		t.Fatal(err)
 	}
@@ -414,9 +415,7 @@ func TestGiveBackRetriesOnceUnderItsOperation(t *testing.T) {
 	_, rdb := miniClient(t)
 	ctx := context.Background()
 	keys := NewKeys("t:")
-	g := newStockGate(rdb, keys, func(ctx context.Context, ids ...int64) (map[int64]int, error) {
-		return map[int64]int{7: 10}, nil
-	})
+	g := newStockGate(rdb, keys, countsOf(map[int64]int{7: 10}))
 	if err := rdb.Set(ctx, keys.Stock(7), 5, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -454,9 +453,7 @@ func TestGiveBackIsNotResentWhenItWasNeverSent(t *testing.T) {
 	t.Parallel()
 	m, rdb := miniClient(t)
 	ctx := context.Background()
-	g := newStockGate(rdb, NewKeys("t:"), func(ctx context.Context, ids ...int64) (map[int64]int, error) {
-		return map[int64]int{7: 10}, nil
-	})
+	g := newStockGate(rdb, NewKeys("t:"), countsOf(map[int64]int{7: 10}))
 	var sent atomic.Int32
 	rdb.AddHook(hook{process: func(next redis.ProcessHook) redis.ProcessHook {
 		return func(ctx context.Context, cmd redis.Cmder) error {
