@@ -11,7 +11,7 @@ import (
 // while another goroutine drops the product's dirty counter, after the
 // drop's DEL and a rebuild that counted before the give-back's close
 // committed, must leave the counter marked: it is low by the give-back.
-// dropDirty clears the mark after its DEL, erasing the new one.
+// Before, dropDirty cleared the mark after its DEL, erasing the new one.
 func TestDirtyMarkDuringDropIsKept(t *testing.T) {
 	_, rdb := miniClient(t)
 	ctx := context.Background()
