@@ -173,21 +173,46 @@ func (h hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 	return h.pipeline(next)
 }
 
-// failGet fails the pipelined GET of key, as a pipeline fails the commands
-// of a cluster shard whose master is unreachable.
-func failGet(key string) hook {
-	return hook{pipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-		return func(ctx context.Context, cmds []redis.Cmder) error {
-			err := next(ctx, cmds)
-			for _, c := range cmds {
-				if c.Name() == "get" && c.Args()[1] == key {
-					c.SetErr(errors.New("dial tcp: connection refused"))
-					return c.Err()
-				}
-			}
-			return err
+// breakAnswers lets each command match picks run, then replaces its
+// answer with msg, alone or in a pipeline: a connection that broke after
+// the command was sent, or a shard that failed.
+func breakAnswers(match func(redis.Cmder) bool, msg string) hook {
+	broken := func(c redis.Cmder) bool {
+		if !match(c) {
+			return false
 		}
-	}}
+		c.SetErr(errors.New(msg))
+		return true
+	}
+	return hook{
+		process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				err := next(ctx, cmd)
+				if broken(cmd) {
+					return cmd.Err()
+				}
+				return err
+			}
+		},
+		pipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+			return func(ctx context.Context, cmds []redis.Cmder) error {
+				err := next(ctx, cmds)
+				for _, c := range cmds {
+					if broken(c) {
+						return c.Err()
+					}
+				}
+				return err
+			}
+		},
+	}
+}
+
+// failGet fails the GET of key, as a pipeline fails the commands of a
+// cluster shard whose master is unreachable.
+func failGet(key string) hook {
+	return breakAnswers(func(c redis.Cmder) bool { return c.Name() == "get" && c.Args()[1] == key },
+		"dial tcp: connection refused")
 }
 
 // TestCheckGoesOnPastAFailedShard: the GET of one product's counter fails
@@ -391,16 +416,10 @@ func TestGiveBackCopyAfterTheRebuildGivesNothing(t *testing.T) {
 // zero, fails it as a connection that breaks after the command was sent:
 // the script ran, its caller hears an error.
 func loseAnswers(n *atomic.Int32, sha1 string) hook {
-	return hook{process: func(next redis.ProcessHook) redis.ProcessHook {
-		return func(ctx context.Context, cmd redis.Cmder) error {
-			err := next(ctx, cmd)
-			if args := cmd.Args(); len(args) > 1 && args[1] == sha1 && n.Add(-1) >= 0 {
-				cmd.SetErr(errors.New("read tcp: connection reset by peer"))
-				return cmd.Err()
-			}
-			return err
-		}
-	}}
+	return breakAnswers(func(c redis.Cmder) bool {
+		args := c.Args()
+		return len(args) > 1 && args[1] == sha1 && n.Add(-1) >= 0
+	}, "read tcp: connection reset by peer")
 }
 
 // TestGiveBackRetriesOnceUnderItsOperation: a give-back whose answer is
