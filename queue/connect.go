@@ -156,7 +156,7 @@ func clusterNode(ctx context.Context, o *redis.Options) (bool, error) {
 func clusterOptions(o *redis.Options) *redis.ClusterOptions {
 	return &redis.ClusterOptions{Addrs: []string{o.Addr}, Username: o.Username, Password: o.Password,
 		TLSConfig: o.TLSConfig, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
-		WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries, PoolSize: o.PoolSize}
+		WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries, DialerRetries: o.DialerRetries, PoolSize: o.PoolSize}
 }
 
 // clusterReloadEvery is how often the cluster client reloads the cluster's
@@ -172,8 +172,9 @@ var clusterReloadEvery = time.Second
 // (see layoutMayHaveChanged).
 func newClusterClient(o *redis.ClusterOptions) *redis.ClusterClient {
 	t := withTimeouts(&redis.Options{DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout,
-		WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries})
+		WriteTimeout: o.WriteTimeout, MaxRetries: o.MaxRetries, DialerRetries: o.DialerRetries})
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MaxRetries = t.DialTimeout, t.ReadTimeout, t.WriteTimeout, t.MaxRetries
+	o.DialerRetries = t.DialerRetries
 	o.ClusterStateReloadInterval = clusterReloadEvery
 	c := redis.NewClusterClient(o)
 	n := new(atomic.Int64)
@@ -270,7 +271,14 @@ func layoutMayHaveChanged(ctx context.Context, err error) bool {
 
 // withTimeouts keeps a Redis outage from stalling callers for long: the
 // stock gate must refuse quickly, the workers back off and retry. It also
-// turns off go-redis's retries (see noRetries).
+// turns off go-redis's retries (see noRetries), and its dial retries: by
+// default a connection that cannot be made is tried five times, 100 ms
+// apart, so a Redis whose packets are dropped held a buyer for five dial
+// timeouts (about ten seconds) before the order could be refused. One
+// dial fails within one DialTimeout; the next call dials again, and once
+// as many dials have failed as the pool holds connections, go-redis
+// answers at once with the last dial error and tries in the background,
+// once a second, until Redis answers.
 func withTimeouts(o *redis.Options) *redis.Options {
 	if o.DialTimeout == 0 {
 		o.DialTimeout = 2 * time.Second
@@ -283,6 +291,9 @@ func withTimeouts(o *redis.Options) *redis.Options {
 	}
 	if o.MaxRetries == 0 {
 		o.MaxRetries = noRetries
+	}
+	if o.DialerRetries == 0 {
+		o.DialerRetries = 1 // one attempt
 	}
 	return o
 }

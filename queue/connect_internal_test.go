@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -120,4 +121,54 @@ func TestInProcessRedisExpiresKeys(t *testing.T) {
 		n, err := rdb.Exists(ctx, keys.StockOps(7)).Result()
 		return err == nil && n == 0
 	})
+}
+
+// TestAFailedDialIsNotRetried: a command kami sends to a Redis it cannot
+// reach dials once and fails, on a single server and on a cluster.
+// go-redis dials five times by default, 100 ms apart: against a server
+// whose packets are dropped that held each caller for five dial timeouts
+// (about ten seconds) before the stock gate could answer UNAVAILABLE.
+func TestAFailedDialIsNotRetried(t *testing.T) {
+	t.Parallel()
+	gone := refusingAddr(t)
+	var dials atomic.Int64
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	seeded := clusterOptions(withTimeouts(&redis.Options{Addr: gone}))
+	seeded.Dialer = dial
+	clients := map[string]func() redis.UniversalClient{
+		"single server": func() redis.UniversalClient {
+			return redis.NewClient(withTimeouts(&redis.Options{Addr: gone, Dialer: dial}))
+		},
+		"cluster": func() redis.UniversalClient {
+			return newClusterClient(&redis.ClusterOptions{Addrs: []string{gone}, Dialer: dial})
+		},
+		"cluster seeded by one server's options": func() redis.UniversalClient { return newClusterClient(seeded) },
+	}
+	for name, open := range clients {
+		dials.Store(0)
+		c := open()
+		err := c.Ping(context.Background()).Err()
+		c.Close()
+		if err == nil {
+			t.Fatalf("%s: a ping to %s, where nothing listens, succeeded", name, gone)
+		}
+		if n := dials.Load(); n != 1 {
+			t.Errorf("%s: %d dials for one command, want 1 (%v)", name, n, err)
+		}
+	}
+}
+
+// refusingAddr is an address on this machine where nothing listens, so
+// every dial to it is refused at once.
+func refusingAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }

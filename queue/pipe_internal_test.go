@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"errors"
-	"net"
 	"sort"
 	"sync"
 	"testing"
@@ -93,12 +92,7 @@ func TestSharedPipe(t *testing.T) {
 // TestSharedPipeRedisDown: every caller hears the failure.
 func TestSharedPipeRedisDown(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := refusingAddr(t)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: noRetries, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
 	p := newSharedPipe(rdb)
