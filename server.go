@@ -263,6 +263,24 @@ func warnClockSkew(cfg *Config, logger *slog.Logger) {
 		"skew", cfg.ClockSkew.String())
 }
 
+// warnEviction warns, at start, of every Redis server that drops keys
+// when it is full (queue.Eviction says what that costs kami), and says so
+// when it cannot tell. Checked once: a CONFIG SET later is not seen.
+func warnEviction(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	evicting, err := queue.Evictions(ctx, rdb)
+	for _, e := range evicting {
+		logger.Warn("Redis evicts keys when it is full: kami's close schedules, stock counters, locks and stock "+
+			"operation records may be dropped; the database rebuilds them, but closes and orders wait meanwhile "+
+			"and a lock may have two holders. Set maxmemory-policy noeviction, or no maxmemory, for kami's Redis",
+			"redis", e.Addr, "maxmemory_policy", e.Policy, "maxmemory_bytes", e.MaxMemory)
+	}
+	if err != nil {
+		logger.Info("could not read Redis's maxmemory-policy; kami wants noeviction (or no maxmemory)", "err", err)
+	}
+}
+
 // app is one kami server process, built from a Config.
 type app struct {
 	cfg        *Config
@@ -309,6 +327,9 @@ func newApp(ctx context.Context, cfg *Config, logger *slog.Logger) (_ *app, err 
 	}
 	a.rdb = rdb
 	a.closers = append(a.closers, func(context.Context) error { return closeRedis() })
+	if cfg.RedisURL != "" { // the in-process Redis never fills up
+		warnEviction(ctx, rdb, logger)
+	}
 
 	a.metrics = newMetrics(a.queueStats)
 	a.alerts = newAlerter(logger, cfg.AlertWebhook, cfg.PublicURL, a.metrics.Alert)

@@ -12,9 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/domain/domaintest"
 	"kami/providers/sandbox"
+	"kami/queue/redistest"
 )
 
 // env is a fake environment for loadConfig.
@@ -287,4 +291,39 @@ func TestPprofOnLoopbackOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop()
+}
+
+// TestStartWarnsOfARedisThatEvicts: a kami started on a Redis that drops
+// keys when full (a maxmemory and an evicting policy) warns once, naming
+// the server and its policy; on one that does not, it says nothing.
+func TestStartWarnsOfARedisThatEvicts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		policy string
+		warns  bool
+	}{{"volatile-lru", true}, {"noeviction", false}} {
+		p := redistest.StartPrivate(t)
+		rdb := redis.NewClient(&redis.Options{Addr: p.Addr})
+		for _, kv := range [][2]string{{"maxmemory", "64mb"}, {"maxmemory-policy", c.policy}} {
+			if err := rdb.ConfigSet(t.Context(), kv[0], kv[1]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rdb.Close()
+		var logs domaintest.LogBuffer
+		newTestAppLogging(t, dbtest.SQLite, env{"KAMI_REDIS_URL": p.URL}, nil, &logs)
+		var warnings []string
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, "Redis evicts keys") {
+				warnings = append(warnings, line)
+			}
+		}
+		switch {
+		case !c.warns && len(warnings) > 0:
+			t.Errorf("%s: warned %q", c.policy, warnings)
+		case c.warns && (len(warnings) != 1 || !strings.Contains(warnings[0], `"level":"WARN"`) ||
+			!strings.Contains(warnings[0], `"redis":"`+p.Addr+`"`) || !strings.Contains(warnings[0], `"maxmemory_policy":"volatile-lru"`)):
+			t.Errorf("%s: warnings %q, want one naming %s and its policy", c.policy, warnings, p.Addr)
+		}
+	}
 }
