@@ -103,10 +103,9 @@ func runPairs(ctx context.Context, pr pairRun, rounds, n int) []PairReport {
 			},
 			func() (err error) { round.Direct, err = pr.chunks.direct(ctx, id, round.DirectOrders); return err },
 		}
-		round.First = "end to end"
-		if r%2 == 1 {
+		round.First = roundFirst(r)
+		if round.First == "direct" {
 			steps[0], steps[1] = steps[1], steps[0]
-			round.First = "direct"
 		}
 		progress("pair %d of %d: %d orders end to end and %d direct, %s first", r+1, rounds, n, round.DirectOrders, round.First)
 		for _, step := range steps {
@@ -130,7 +129,23 @@ func runPairs(ctx context.Context, pr pairRun, rounds, n int) []PairReport {
 		}
 		out = append(out, round)
 	}
+	// Rounds the run's end left unstarted are failed rounds too: judged on
+	// the couples that happened to finish, a run cut between two rounds
+	// would otherwise meet the target on fewer measurements than it asked
+	// for, and say nothing of the rest.
+	for r := len(out); r < rounds; r++ {
+		out = append(out, PairReport{First: roundFirst(r), Error: "not run: the run ended first (" + context.Cause(ctx).Error() + ")"})
+	}
 	return out
+}
+
+// roundFirst is which chunk of round r (from 0) runs first: they take
+// turns, end to end in the first round.
+func roundFirst(r int) string {
+	if r%2 == 1 {
+		return "direct"
+	}
+	return "end to end"
 }
 
 // endToEnd places n orders over HTTP on a product of their own, as the

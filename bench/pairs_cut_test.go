@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 )
 
@@ -30,13 +31,23 @@ func TestPairCutByTheDeadlineFails(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pairs := runPairs(ctx, pairRun{runID: "r", scale: 1.5, chunks: cutChunks{cancel}}, 4, 10)
-	if len(pairs) != 1 {
-		t.Fatalf("%d rounds ran after the deadline's, want 1: %+v", len(pairs), pairs)
+	if len(pairs) != 4 {
+		t.Fatalf("%d rounds reported of the 4 asked for: %+v", len(pairs), pairs)
 	}
 	if p := pairs[0]; p.Error == "" || p.Ratio != 0 {
 		t.Errorf("the cut round: %+v, want an error and no ratio", p)
 	}
-	if got, want := fmtJudged(0.55, pairs), "main 0.55, unpaired round failed"; got != want {
+	// The three the deadline left unstarted are failed rounds, not rounds
+	// that were never asked for.
+	for i, p := range pairs[1:] {
+		if !strings.HasPrefix(p.Error, "not run: ") || p.Ratio != 0 || p.First != roundFirst(i+1) {
+			t.Errorf("unstarted round %d: %+v, want it failed as not run", i+2, p)
+		}
+	}
+	if _, _, failed := judgedRatio(0.65, pairs); failed != 4 {
+		t.Errorf("judgedRatio counts %d failed rounds, want 4", failed)
+	}
+	if got, want := fmtJudged(0.55, pairs), "main 0.55, couple no mean (rounds failed, failed), couple no mean (rounds failed, failed)"; got != want {
 		t.Errorf("fmtJudged = %q, want %q", got, want)
 	}
 }
