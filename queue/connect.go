@@ -275,10 +275,14 @@ func layoutMayHaveChanged(ctx context.Context, err error) bool {
 // default a connection that cannot be made is tried five times, 100 ms
 // apart, so a Redis whose packets are dropped held a buyer for five dial
 // timeouts (about ten seconds) before the order could be refused. One
-// dial fails within one DialTimeout; the next call dials again, and once
-// as many dials have failed as the pool holds connections, go-redis
-// answers at once with the last dial error and tries in the background,
-// once a second, until Redis answers.
+// dial fails within one DialTimeout; the next call dials again. Once
+// PoolSize dials of a pool have failed (counted since its last background
+// probe succeeded: a dial that succeeds in between does not reset the
+// count), the pool answers every call that needs a new connection at once
+// with the last dial error, while idle connections still serve, and
+// probes in the background: one dial (up to DialTimeout), then a second's
+// pause, until Redis answers. The pipeline pool has its own count, of
+// PipelinePoolSize (10), and so has each node of a cluster.
 func withTimeouts(o *redis.Options) *redis.Options {
 	if o.DialTimeout == 0 {
 		o.DialTimeout = 2 * time.Second

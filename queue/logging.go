@@ -10,7 +10,7 @@ import (
 )
 
 // RouteRedisLogs sends go-redis's own log lines ("connection pool: failed
-// to dial after 5 attempts", cluster and sentinel notes) through logger,
+// to dial after 1 attempts", cluster and sentinel notes) through logger,
 // so they take KAMI_LOG_FORMAT and KAMI_LOG_LEVEL like every other line,
 // instead of go-redis's plain lines on stderr. go-redis keeps one logger
 // per process: the last call wins.
