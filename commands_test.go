@@ -15,18 +15,22 @@ import (
 // nothing.
 func TestReconcileCommandRefusesTheEmbeddedRedis(t *testing.T) {
 	t.Parallel()
-	var out, logs bytes.Buffer
-	err := run(t.Context(), []string{"reconcile"}, env{"KAMI_DATA_DIR": t.TempDir()}.get, &out, &logs)
-	if !errors.Is(err, errReconcileNeedsRedis) {
-		t.Fatalf("reconcile on the embedded Redis: %v", err)
-	}
-	for _, want := range []string{"KAMI_REDIS_URL", "every night", "KAMI_RECONCILE_CRON"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("the refusal does not mention %s: %v", want, err)
+	// Blank (spaces only) is unset too: Connect trims it and starts the
+	// in-process Redis.
+	for _, unset := range []string{"", "  "} {
+		var out, logs bytes.Buffer
+		err := run(t.Context(), []string{"reconcile"}, env{"KAMI_DATA_DIR": t.TempDir(), "KAMI_REDIS_URL": unset}.get, &out, &logs)
+		if !errors.Is(err, errReconcileNeedsRedis) {
+			t.Fatalf("reconcile on the embedded Redis (KAMI_REDIS_URL %q): %v", unset, err)
 		}
-	}
-	if out.Len() > 0 || strings.Contains(logs.String(), "reconcile") {
-		t.Errorf("it ran anyway: stdout %q, log %q", out.String(), logs.String())
+		for _, want := range []string{"KAMI_REDIS_URL", "every night", "KAMI_RECONCILE_CRON"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the refusal does not mention %s: %v", want, err)
+			}
+		}
+		if out.Len() > 0 || strings.Contains(logs.String(), "reconcile") {
+			t.Errorf("KAMI_REDIS_URL %q: it ran anyway: stdout %q, log %q", unset, out.String(), logs.String())
+		}
 	}
 }
 

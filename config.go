@@ -162,7 +162,7 @@ func loadConfig(getenv func(string) string) (*Config, error) {
 		Addr:          or(getenv("KAMI_ADDR"), ":8080"),
 		DataDir:       or(getenv("KAMI_DATA_DIR"), "data"),
 		DatabaseURL:   getenv("KAMI_DATABASE_URL"),
-		RedisURL:      getenv("KAMI_REDIS_URL"),
+		RedisURL:      strings.TrimSpace(getenv("KAMI_REDIS_URL")), // blank: the in-process Redis, as in Connect
 		RedisPrefix:   or(getenv("KAMI_REDIS_PREFIX"), "kami:"),
 		AdminToken:    getenv("KAMI_ADMIN_TOKEN"),
 		LogFormat:     or(getenv("KAMI_LOG_FORMAT"), "text"),
