@@ -2,6 +2,8 @@ package queue_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -66,8 +68,9 @@ func TestEvictionsNameTheServersThatDropKeys(t *testing.T) {
 	}
 }
 
-// TestEvictionsReadEveryMasterOfACluster: of a cluster's three masters,
-// the one set to evict is reported, by its own address.
+// TestEvictionsReadEveryMasterOfACluster: each master of a cluster set to
+// evict is reported, by its own address and policy; a master that refuses
+// CONFIG GET is an error, returned with what the others answered.
 func TestEvictionsReadEveryMasterOfACluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
@@ -75,15 +78,31 @@ func TestEvictionsReadEveryMasterOfACluster(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t)
 	rdb := connected(t, c.URL)
-	evicting := c.MasterOf("{any}")
-	configure(t, evicting.Addr, "100mb", "volatile-ttl")
+	// Nodes[0] to Nodes[2] are the masters.
+	configure(t, c.Nodes[0].Addr, "100mb", "volatile-ttl")
+	configure(t, c.Nodes[1].Addr, "50mb", "allkeys-lru")
+	want := []queue.Eviction{{Addr: c.Nodes[0].Addr, Policy: "volatile-ttl", MaxMemory: 100 << 20},
+		{Addr: c.Nodes[1].Addr, Policy: "allkeys-lru", MaxMemory: 50 << 20}}
+	slices.SortFunc(want, func(a, b queue.Eviction) int { return strings.Compare(a.Addr, b.Addr) })
 	got, err := queue.Evictions(context.Background(), rdb)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("reported %+v (%v), want %+v", got, err, want)
 	}
-	want := queue.Eviction{Addr: evicting.Addr, Policy: "volatile-ttl", MaxMemory: 100 << 20}
-	if len(got) != 1 || got[0] != want {
-		t.Fatalf("reported %+v, want only %+v", got, want)
+	refuseConfig(t, c.Nodes[2].Addr)
+	got, err = queue.Evictions(context.Background(), rdb)
+	if err == nil || !strings.Contains(err.Error(), c.Nodes[2].Addr) || !slices.Equal(got, want) {
+		t.Fatalf("with %s refusing CONFIG: reported %+v (%v), want %+v and an error naming it", c.Nodes[2].Addr, got, err, want)
+	}
+}
+
+// refuseConfig makes the server at addr refuse CONFIG to its default user,
+// as a managed Redis does.
+func refuseConfig(t *testing.T, addr string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	if err := c.Do(context.Background(), "ACL", "SETUSER", "default", "-config").Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 
