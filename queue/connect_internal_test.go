@@ -124,26 +124,39 @@ func TestInProcessRedisExpiresKeys(t *testing.T) {
 }
 
 // TestAFailedDialIsNotRetried: a command kami sends to a Redis it cannot
-// reach dials once and fails, on a single server and on a cluster.
-// go-redis dials five times by default, 100 ms apart: against a server
-// whose packets are dropped that held each caller for five dial timeouts
-// (about ten seconds) before the stock gate could answer UNAVAILABLE.
+// reach dials once and fails, on a single server and on a cluster, whether
+// the connection is refused or its packets are dropped (the dial waits out
+// its DialTimeout). go-redis dials five times by default, 100 ms apart:
+// against a server whose packets are dropped that held each caller for five
+// dial timeouts (about ten seconds) before the stock gate could answer
+// UNAVAILABLE.
 func TestAFailedDialIsNotRetried(t *testing.T) {
 	t.Parallel()
 	gone := refusingAddr(t)
 	var dials atomic.Int64
-	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+	refused := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		dials.Add(1)
 		return (&net.Dialer{}).DialContext(ctx, network, addr)
 	}
+	dropped := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		<-ctx.Done() // no answer ever comes: the attempt's own deadline ends it
+		return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
+	}
 	seeded := clusterOptions(withTimeouts(&redis.Options{Addr: gone}))
-	seeded.Dialer = dial
+	seeded.Dialer = refused
 	clients := map[string]func() redis.UniversalClient{
 		"single server": func() redis.UniversalClient {
-			return redis.NewClient(withTimeouts(&redis.Options{Addr: gone, Dialer: dial}))
+			return redis.NewClient(withTimeouts(&redis.Options{Addr: gone, Dialer: refused}))
+		},
+		"single server, packets dropped": func() redis.UniversalClient {
+			return redis.NewClient(withTimeouts(&redis.Options{Addr: gone, Dialer: dropped, DialTimeout: 50 * time.Millisecond}))
 		},
 		"cluster": func() redis.UniversalClient {
-			return newClusterClient(&redis.ClusterOptions{Addrs: []string{gone}, Dialer: dial})
+			return newClusterClient(&redis.ClusterOptions{Addrs: []string{gone}, Dialer: refused})
+		},
+		"cluster, packets dropped": func() redis.UniversalClient {
+			return newClusterClient(&redis.ClusterOptions{Addrs: []string{gone}, Dialer: dropped, DialTimeout: 50 * time.Millisecond})
 		},
 		"cluster seeded by one server's options": func() redis.UniversalClient { return newClusterClient(seeded) },
 	}
