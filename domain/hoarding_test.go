@@ -1,6 +1,8 @@
 package domain_test
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,8 @@ import (
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/providers"
+	"kami/providers/sandbox"
 )
 
 func TestNormalizeContact(t *testing.T) {
@@ -229,4 +233,86 @@ func TestOrderStatuses(t *testing.T) {
 	if err != nil || len(got) != 2 || got[o1.OrderNo] != domain.OrderPending || got[o2.OrderNo] != domain.OrderPaid {
 		t.Fatalf("statuses %v, %v", got, err)
 	}
+}
+
+// hookGate is an in-memory stock gate that runs next, once, after the Take
+// it is armed for has been decided: a way to have another order arrive
+// while that one is in flight, between its admission and the ledger's
+// answer, without timing.
+type hookGate struct {
+	memGate
+	next func()
+}
+
+func (g *hookGate) Take(ctx context.Context, productID int64, qty int) (bool, error) {
+	ok, err := g.memGate.Take(ctx, productID, qty)
+	if next := g.next; next != nil {
+		g.next = nil
+		next()
+	}
+	return ok, err
+}
+
+// TestCappedAddressCannotHoldTheGate: the stock gate admits an order
+// before the ledger counts the caps, so an address already holding all the
+// cards it may lock had every order it sent admitted, and refused only
+// once the ledger answered. While those orders were in flight their
+// admissions held the stock: one client at its cap, sending orders in
+// parallel, left every other buyer SOLD_OUT with cards free. What an
+// address holds in flight is now capped by its caps too, so it never
+// holds more than one cap's worth of admissions beyond its orders.
+func TestCappedAddressCannotHoldTheGate(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{MaxQuantity: 100, MaxLockedPerAddress: 2, MaxPendingPerAddress: 2})
+		p := b.product(t, 100, 6)
+		sb, err := sandbox.New(sandbox.Config{Secret: "hoarding-test", BaseURL: "http://shop.test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gate := &hookGate{memGate: memGate{n: map[int64]int{p.ID: 6}}}
+		shop := &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(sb), Gate: gate}
+		contacts := 0
+		order := func(qty int, addr string) error {
+			contacts++
+			_, err := shop.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: qty,
+				Contact: fmt.Sprintf("buyer%d@example.com", contacts), Provider: "sandbox", ClientAddr: addr}, "", addr)
+			return err
+		}
+		const hoarder = "203.0.113.9"
+		if err := order(2, hoarder); err != nil {
+			t.Fatalf("the hoarder's first order, up to its cap: %v", err)
+		}
+		// The hoarder sends four more orders of one card, each arriving
+		// while the ones before are in flight; then a buyer orders one.
+		var buyerErr error
+		var refused int
+		var hold func(k int)
+		hold = func(k int) {
+			if k == 0 {
+				buyerErr = order(1, "198.51.100.1")
+				return
+			}
+			gate.next = func() { hold(k - 1) }
+			if err := order(1, hoarder); domain.ErrorCode(err) == domain.ELIMIT {
+				refused++
+			} else {
+				t.Errorf("a hoarder at its cap: %v, want LIMIT_EXCEEDED", err)
+			}
+			if gate.next != nil { // refused before the gate
+				gate.next = nil
+				hold(k - 1)
+			}
+		}
+		hold(4)
+		if buyerErr != nil {
+			t.Errorf("a buyer while the hoarder's orders were in flight, 4 cards free: %v", buyerErr)
+		}
+		if refused != 4 {
+			t.Errorf("%d of the hoarder's 4 orders refused", refused)
+		}
+		if n := gate.count(p.ID); n != 3 {
+			t.Errorf("gate holds %d admissions, want 3 (6 less the hoarder's 2 and the buyer's 1)", n)
+		}
+	})
 }

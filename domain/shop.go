@@ -88,6 +88,55 @@ type Shop struct {
 
 	products sync.Map // product ids known to exist (see productExists)
 	breakers sync.Map // provider name → *breaker (see preClose)
+	inFlight inFlight // orders admitted by the gate, not yet answered (see admit)
+}
+
+// inFlight counts, per client address (AddressKey), the orders the stock
+// gate has admitted and the ledger has not yet answered, and their cards.
+type inFlight struct {
+	mu     sync.Mutex
+	orders map[string]int
+	cards  map[string]int
+}
+
+// admit takes in's place among its address's orders in flight, which the
+// per-address caps bound as they bound its unpaid orders: the gate admits
+// an order before the ledger counts the caps, so without this bound an
+// address at its cap could hold any number of admissions at once (each
+// refused only when the ledger answers) and leave everyone else SOLD_OUT
+// with cards free. An address thus holds at most one cap's worth of
+// admissions (or one order's) beyond its orders. release gives the place back once the
+// ledger has answered; LIMIT_EXCEEDED when the address has no place left.
+func (s *Shop) admit(in PlaceOrderInput) (release func(), err error) {
+	maxOrders, maxCards := s.Ledger.cfg.MaxPendingPerAddress, s.Ledger.cfg.MaxLockedPerAddress
+	if in.ClientAddr == "" || maxOrders <= 0 && maxCards <= 0 {
+		return func() {}, nil
+	}
+	f := &s.inFlight
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.orders == nil {
+		f.orders, f.cards = map[string]int{}, map[string]int{}
+	}
+	key := in.ClientAddr
+	// The first order in flight always goes on: the ledger's answer to it
+	// says what the caps allow.
+	if f.orders[key] > 0 && (maxOrders > 0 && f.orders[key] >= maxOrders || maxCards > 0 && f.cards[key]+in.Quantity > maxCards) {
+		return nil, Errorf(ELIMIT, "this address has %d orders (%d cards) being placed; its caps allow no more at once: wait for their answers",
+			f.orders[key], f.cards[key])
+	}
+	f.orders[key]++
+	f.cards[key] += in.Quantity
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.orders[key]--; f.orders[key] <= 0 {
+			delete(f.orders, key)
+			delete(f.cards, key)
+			return
+		}
+		f.cards[key] -= in.Quantity
+	}, nil
 }
 
 func (s *Shop) log() *slog.Logger {
@@ -159,6 +208,36 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 	if err := s.productExists(ctx, in.ProductID); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(in)
+	if err != nil {
+		return nil, err
+	}
+	placed, err := s.gateAndPlace(ctx, in)
+	release()
+	if err != nil {
+		return nil, err
+	}
+	if !placed.Replayed && s.Scheduler != nil {
+		// The order exists now, whether or not its buyer is still there.
+		if err := s.Scheduler.ScheduleClose(context.WithoutCancel(ctx), placed.Order.OrderNo, placed.Order.ExpiresAt); err != nil {
+			// The sweeper finds PENDING orders missing from the queue.
+			s.log().WarnContext(ctx, "schedule close failed; the sweeper will", "order", placed.Order.OrderNo, "err", err)
+		}
+	}
+	if !placed.Replayed {
+		// Free unless the product has a low-stock threshold it is above.
+		if err := s.Ledger.CheckStockFell(context.WithoutCancel(ctx), placed.Product); err != nil {
+			s.log().WarnContext(ctx, "low-stock check failed", "product", in.ProductID, "err", err)
+		}
+	}
+	// No event for the new order: nobody can be subscribed to it yet, and
+	// a subscription starts with the order's current status.
+	return s.checkout(ctx, p, placed, method, clientIP)
+}
+
+// gateAndPlace admits in through the stock gate and places it in the
+// ledger; an admission that locked nothing is given back.
+func (s *Shop) gateAndPlace(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, error) {
 	if s.Gate != nil {
 		ok, err := s.Gate.Take(ctx, in.ProductID, in.Quantity)
 		if err != nil {
@@ -181,25 +260,7 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 			s.log().WarnContext(ctx, "stock gate give-back failed; reconciliation repairs it", "product", in.ProductID, "err", gerr)
 		}
 	}
-	if err != nil {
-		return nil, err
-	}
-	if !placed.Replayed && s.Scheduler != nil {
-		// The order exists now, whether or not its buyer is still there.
-		if err := s.Scheduler.ScheduleClose(context.WithoutCancel(ctx), placed.Order.OrderNo, placed.Order.ExpiresAt); err != nil {
-			// The sweeper finds PENDING orders missing from the queue.
-			s.log().WarnContext(ctx, "schedule close failed; the sweeper will", "order", placed.Order.OrderNo, "err", err)
-		}
-	}
-	if !placed.Replayed {
-		// Free unless the product has a low-stock threshold it is above.
-		if err := s.Ledger.CheckStockFell(context.WithoutCancel(ctx), placed.Product); err != nil {
-			s.log().WarnContext(ctx, "low-stock check failed", "product", in.ProductID, "err", err)
-		}
-	}
-	// No event for the new order: nobody can be subscribed to it yet, and
-	// a subscription starts with the order's current status.
-	return s.checkout(ctx, p, placed, method, clientIP)
+	return placed, err
 }
 
 // productExists refuses an order for a product that does not exist before
