@@ -253,6 +253,18 @@ func (g *hookGate) Take(ctx context.Context, productID int64, qty int) (bool, er
 	return ok, err
 }
 
+// hookedShop is a shop on b's ledger with the sandbox and a hookGate
+// holding n admissions of the product.
+func hookedShop(t *testing.T, b *bundle, productID int64, n int) (*domain.Shop, *hookGate) {
+	t.Helper()
+	sb, err := sandbox.New(sandbox.Config{Secret: "hoarding-test", BaseURL: "http://shop.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &hookGate{memGate: memGate{n: map[int64]int{productID: n}}}
+	return &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(sb), Gate: gate}, gate
+}
+
 // TestCappedAddressCannotHoldTheGate: the stock gate admits an order
 // before the ledger counts the caps, so an address already holding all the
 // cards it may lock had every order it sent admitted, and refused only
@@ -266,12 +278,7 @@ func TestCappedAddressCannotHoldTheGate(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
 		b := setup(t, db, domain.Config{MaxQuantity: 100, MaxLockedPerAddress: 2, MaxPendingPerAddress: 2})
 		p := b.product(t, 100, 6)
-		sb, err := sandbox.New(sandbox.Config{Secret: "hoarding-test", BaseURL: "http://shop.test"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		gate := &hookGate{memGate: memGate{n: map[int64]int{p.ID: 6}}}
-		shop := &domain.Shop{Ledger: b.ledger, Providers: providers.NewRegistry(sb), Gate: gate}
+		shop, gate := hookedShop(t, b, p.ID, 6)
 		contacts := 0
 		order := func(qty int, addr string) error {
 			contacts++
@@ -315,4 +322,36 @@ func TestCappedAddressCannotHoldTheGate(t *testing.T) {
 			t.Errorf("gate holds %d admissions, want 3 (6 less the hoarder's 2 and the buyer's 1)", n)
 		}
 	})
+}
+
+// TestAPanicGivesItsPlaceInFlightBack: an order whose placing panics (the
+// server recovers and answers INTERNAL) leaves its address's orders in
+// flight as they were; a place kept would refuse that address, at a cap
+// of one order, for the life of the process.
+func TestAPanicGivesItsPlaceInFlightBack(t *testing.T) {
+	t.Parallel()
+	db := dbtest.Open(t, dbtest.SQLite)
+	b := setup(t, db, domain.Config{MaxQuantity: 100, MaxPendingPerAddress: 1})
+	p := b.product(t, 100, 2)
+	shop, gate := hookedShop(t, b, p.ID, 2)
+	const addr = "203.0.113.7"
+	order := func(contact string) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		_, err = shop.PlaceOrder(b.ctx, domain.PlaceOrderInput{ProductID: p.ID, Quantity: 1,
+			Contact: contact, Provider: "sandbox", ClientAddr: addr}, "", addr)
+		return err
+	}
+	gate.next = func() { panic("the gate broke") }
+	if err := order("first@example.com"); err == nil || !strings.HasPrefix(err.Error(), "panic: ") {
+		t.Fatalf("the order whose gate panicked: %v", err)
+	}
+	// The panicked order placed nothing; to its address a second order is
+	// its first in flight and its first pending.
+	if err := order("second@example.com"); err != nil {
+		t.Fatalf("the address's next order after a panic: %v, want it placed", err)
+	}
 }

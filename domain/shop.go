@@ -105,8 +105,9 @@ type inFlight struct {
 // address at its cap could hold any number of admissions at once (each
 // refused only when the ledger answers) and leave everyone else SOLD_OUT
 // with cards free. An address thus holds at most one cap's worth of
-// admissions (or one order's) beyond its orders. release gives the place back once the
-// ledger has answered; LIMIT_EXCEEDED when the address has no place left.
+// admissions (or one order's) beyond its orders; per process, as the caps'
+// other races are. release gives the place back once the ledger has
+// answered; LIMIT_EXCEEDED when the address has no place left.
 func (s *Shop) admit(in PlaceOrderInput) (release func(), err error) {
 	maxOrders, maxCards := s.Ledger.cfg.MaxPendingPerAddress, s.Ledger.cfg.MaxLockedPerAddress
 	if in.ClientAddr == "" || maxOrders <= 0 && maxCards <= 0 {
@@ -208,12 +209,7 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 	if err := s.productExists(ctx, in.ProductID); err != nil {
 		return nil, err
 	}
-	release, err := s.admit(in)
-	if err != nil {
-		return nil, err
-	}
-	placed, err := s.gateAndPlace(ctx, in)
-	release()
+	placed, err := s.admitAndPlace(ctx, in)
 	if err != nil {
 		return nil, err
 	}
@@ -233,6 +229,19 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 	// No event for the new order: nobody can be subscribed to it yet, and
 	// a subscription starts with the order's current status.
 	return s.checkout(ctx, p, placed, method, clientIP)
+}
+
+// admitAndPlace places in as one of its address's orders in flight (see
+// admit), whose place it gives back however the placing ends, a panic
+// included: a place kept would refuse that address for the life of the
+// process.
+func (s *Shop) admitAndPlace(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, error) {
+	release, err := s.admit(in)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return s.gateAndPlace(ctx, in)
 }
 
 // gateAndPlace admits in through the stock gate and places it in the
