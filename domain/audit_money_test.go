@@ -1,12 +1,18 @@
 package domain_test
 
 import (
+	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/uptrace/bun"
 
 	"kami/domain"
 	"kami/domain/dbtest"
+	"kami/providers"
+	"kami/providers/sandbox"
 )
 
 // TestRefusedRedeliveryInASplitBatch: a refused notification delivered
@@ -45,6 +51,69 @@ func TestRefusedRedeliveryInASplitBatch(t *testing.T) {
 		}
 		if n := b.alerts.count("amount_mismatch"); n != 1 {
 			t.Errorf("%d amount_mismatch alerts, want 1", n)
+		}
+		b.mustAudit(t)
+	})
+}
+
+// closedTradeGateway is a sandbox that answers a close of a trade that is
+// closed already as Alipay documents for alipay.trade.close: refused,
+// ACQ.TRADE_STATUS_ERROR ("only a trade waiting for the buyer's payment
+// can be closed"). A trade is closed already when the gateway closed it
+// itself at its time_expire (kami sends the order's expires_at), or when
+// an earlier close attempt closed it and the ledger's transaction then
+// failed.
+type closedTradeGateway struct {
+	*sandbox.Provider
+	closes atomic.Int64
+}
+
+func (g *closedTradeGateway) ClosePayment(ctx context.Context, orderNo string) error {
+	g.closes.Add(1)
+	st, err := g.Provider.QueryPayment(ctx, orderNo)
+	if err != nil {
+		return err
+	}
+	if st.Status == providers.TradeClosed {
+		return &providers.Error{Kind: providers.Rejected, Provider: g.Name(), Op: "close", Code: "ACQ.TRADE_STATUS_ERROR", Message: "交易状态不合法"}
+	}
+	return g.Provider.ClosePayment(ctx, orderNo)
+}
+
+// TestDueOrderWithAClosedTradeCloses: a due order whose trade the gateway
+// already reports closed can no longer be paid: the pre-close check lets
+// it close. Asking the gateway to close the trade again is refused (as
+// Alipay refuses it), and that refusal must not keep the order PENDING,
+// its cards locked, checked and alerted again every minute for ever.
+func TestDueOrderWithAClosedTradeCloses(t *testing.T) {
+	t.Parallel()
+	dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+		b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+		o := b.order(t, b.product(t, 500, 1), 1).Order
+		sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://127.0.0.1/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw := &closedTradeGateway{Provider: sb}
+		// The gateway closes the unpaid trade itself at its time_expire.
+		if err := sb.ClosePayment(b.ctx, o.OrderNo); err != nil {
+			t.Fatal(err)
+		}
+		b.clock.Advance(2 * time.Minute)
+		shop := checkingShop(b, gw)
+		r, err := closeOne(t, shop, b.ctx, o.OrderNo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderClosed || r.Outcome != domain.Closed || r.Released != 1 {
+			t.Fatalf("order %s, result %+v: its trade is closed at the gateway; want CLOSED with its card released", got.Status, r)
+		}
+		if n := b.alerts.count("trade_check_failed"); n != 0 {
+			t.Errorf("%d trade_check_failed alerts for a trade the gateway reports closed; want none", n)
+		}
+		// A trade closed can no longer be paid: Pay refuses it.
+		if _, _, err := sb.Pay(o.OrderNo, o.AmountFen); !errors.Is(err, sandbox.ErrTradeClosed) {
+			t.Fatalf("pay after the close: %v, want ErrTradeClosed", err)
 		}
 		b.mustAudit(t)
 	})
