@@ -139,7 +139,11 @@ func (l *Ledger) recordPayments(ctx context.Context, ps []Payment) ([]*PaymentRe
 		})
 		if err != nil {
 			l.pays.split.Add(1)
-			clear(results)
+			for _, i := range usual {
+				// Only the shared transaction's answers: a refusal
+				// answered above keeps its own.
+				results[i] = nil
+			}
 			others = append(usual, others...)
 		}
 	}

@@ -750,9 +750,16 @@ func (s *Shop) checkTrade(ctx context.Context, p providers.Provider, o *Order, t
 			return tradeUnsure, ""
 		}
 		// The gateway refuses to close the trade: it was paid since the
-		// query (Alipay's ACQ.TRADE_STATUS_ERROR, WeChat's ORDERPAID).
-		// Never close it: ask again and record the payment.
-		if st, err = p.QueryPayment(cctx, o.OrderNo); err != nil || st.Status != providers.TradePaid {
+		// query (Alipay's ACQ.TRADE_STATUS_ERROR, WeChat's ORDERPAID), or
+		// it is closed already (Alipay refuses to close any trade not
+		// waiting for payment: one it closed itself at its time_expire, or
+		// one an earlier check closed before its close transaction failed).
+		// Never close a paid one: ask again and record the payment.
+		st, err = p.QueryPayment(cctx, o.OrderNo)
+		if err == nil && st.Status == providers.TradeClosed {
+			return tradeNotPaid, "" // closed: it can no longer be paid
+		}
+		if err != nil || st.Status != providers.TradePaid {
 			msg := fmt.Sprintf("%s refused to close the trade of a PENDING order and does not report it paid (%s); the order stays open and is checked again",
 				p.Name(), errorDetailOr(err, "trade "+string(st.Status)))
 			s.log().ErrorContext(ctx, "trade close refused before close", "order", o.OrderNo, "provider", p.Name(), "detail", msg)
