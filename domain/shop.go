@@ -739,6 +739,12 @@ func (s *Shop) checkTrade(ctx context.Context, p providers.Provider, o *Order, t
 		s.log().WarnContext(ctx, "trade query before close failed; the order stays open and is checked again", "order", o.OrderNo, "provider", p.Name(), "err", err)
 		return tradeUnsure, ""
 	}
+	if st.Status == providers.TradeClosed {
+		// Closed unpaid (the gateway closes a trade itself at the
+		// time_expire kami sends) or refunded in full: it can no longer
+		// be paid, and a gateway asked to close it again refuses.
+		return tradeNotPaid, ""
+	}
 	if st.Status != providers.TradePaid {
 		err := p.ClosePayment(cctx, o.OrderNo)
 		s.providerCalled(ctx, p, err)

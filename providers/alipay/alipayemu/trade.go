@@ -129,8 +129,10 @@ func (s *Server) queryLocked(key string, b biz) reply {
 	return success(key, fields)
 }
 
-// closeLocked closes an unpaid trade; closing a closed one is fine, a paid
-// one is refused.
+// closeLocked closes a trade waiting for payment; any other is refused
+// with ACQ.TRADE_STATUS_ERROR, a closed one too, as Alipay documents for
+// alipay.trade.close ("only a trade waiting for the buyer's payment can be
+// closed").
 func (s *Server) closeLocked(key string, b biz) reply {
 	if b.str("out_trade_no") == "" && b.str("trade_no") == "" {
 		return invalidParam(key, "out_trade_no")
@@ -139,16 +141,10 @@ func (s *Server) closeLocked(key string, b biz) reply {
 	if !ok {
 		return bizFailure(key, "ACQ.TRADE_NOT_EXIST", "交易不存在")
 	}
-	switch t.status {
-	case statusWait:
-		t.status, t.closed = statusClosed, true
-	case statusClosed:
-		if !t.closed {
-			return bizFailure(key, "ACQ.TRADE_STATUS_ERROR", "交易状态不合法")
-		}
-	default:
+	if t.status != statusWait {
 		return bizFailure(key, "ACQ.TRADE_STATUS_ERROR", "交易状态不合法")
 	}
+	t.status, t.closed = statusClosed, true
 	return success(key, map[string]any{"trade_no": t.tradeNo, "out_trade_no": t.outTradeNo})
 }
 
