@@ -2,6 +2,7 @@ package domain_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -356,4 +357,94 @@ func TestDatabaseClockIsRead(t *testing.T) {
 			t.Fatalf("DBTime is %s away from the machine's clock, want the database's time despite the fast process clock", d)
 		}
 	})
+}
+
+// closedTradeGateway is a sandbox that answers a close of a trade that is
+// closed already as Alipay documents for alipay.trade.close: refused,
+// ACQ.TRADE_STATUS_ERROR ("only a trade waiting for the buyer's payment
+// can be closed"). A trade is closed already when the gateway closed it
+// itself at its time_expire (kami sends the order's expires_at), or when
+// an earlier close attempt closed it and the ledger's transaction then
+// failed.
+//
+// expiresNow: the gateway's own close at time_expire comes just as kami's
+// close call does, after kami's first look found the trade waiting.
+type closedTradeGateway struct {
+	*sandbox.Provider
+	closes     atomic.Int64
+	expiresNow bool
+}
+
+func (g *closedTradeGateway) ClosePayment(ctx context.Context, orderNo string) error {
+	g.closes.Add(1)
+	if g.expiresNow {
+		if err := g.Provider.ClosePayment(ctx, orderNo); err != nil {
+			return err
+		}
+	}
+	st, err := g.Provider.QueryPayment(ctx, orderNo)
+	if err != nil {
+		return err
+	}
+	if st.Status == providers.TradeClosed {
+		return &providers.Error{Kind: providers.Rejected, Provider: g.Name(), Op: "close", Code: "ACQ.TRADE_STATUS_ERROR", Message: "交易状态不合法"}
+	}
+	return g.Provider.ClosePayment(ctx, orderNo)
+}
+
+// TestDueOrderWithAClosedTradeCloses: a due order whose trade the gateway
+// reports closed can no longer be paid: the pre-close check lets it close.
+// Found closed at the first look, the trade is not asked to close again (a
+// call the gateway would refuse); closed by the gateway itself between the
+// first look and kami's close call, the refusal is followed by a second
+// look that finds it closed. Before, either kept the order PENDING, its
+// cards locked, checked and alerted every minute for ever: Alipay refuses
+// to close any trade not waiting for payment (ACQ.TRADE_STATUS_ERROR), and
+// a refusal was taken to mean paid.
+func TestDueOrderWithAClosedTradeCloses(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name       string
+		expiresNow bool
+		closes     int64 // close calls asked of the gateway
+	}{
+		{"closed before the check", false, 0},
+		{"closed by the gateway as kami asks", true, 1},
+	} {
+		dbtest.Each(t, func(t *testing.T, db *bun.DB) {
+			b := setup(t, db, domain.Config{OrderTTL: time.Minute})
+			o := b.order(t, b.product(t, 500, 1), 1).Order
+			sb, err := sandbox.New(sandbox.Config{Secret: "s", BaseURL: "http://127.0.0.1/"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gw := &closedTradeGateway{Provider: sb, expiresNow: c.expiresNow}
+			if !c.expiresNow {
+				// The gateway closed the unpaid trade itself at its time_expire.
+				if err := sb.ClosePayment(b.ctx, o.OrderNo); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b.clock.Advance(2 * time.Minute)
+			shop := checkingShop(b, gw)
+			r, err := closeOne(t, shop, b.ctx, o.OrderNo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := b.ledger.Order(b.ctx, o.OrderNo); got.Status != domain.OrderClosed || r.Outcome != domain.Closed || r.Released != 1 {
+				t.Fatalf("%s: order %s, result %+v: its trade is closed at the gateway; want CLOSED with its card released", c.name, got.Status, r)
+			}
+			if n := gw.closes.Load(); n != c.closes {
+				t.Errorf("%s: %d close calls to the gateway, want %d", c.name, n, c.closes)
+			}
+			if n := b.alerts.count("trade_check_failed"); n != 0 {
+				t.Errorf("%s: %d trade_check_failed alerts for a trade the gateway reports closed; want none", c.name, n)
+			}
+			// A trade closed can no longer be paid: Pay refuses it.
+			if _, _, err := sb.Pay(o.OrderNo, o.AmountFen); !errors.Is(err, sandbox.ErrTradeClosed) {
+				t.Fatalf("%s: pay after the close: %v, want ErrTradeClosed", c.name, err)
+			}
+			b.mustAudit(t)
+		})
+	}
 }
