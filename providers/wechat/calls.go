@@ -191,7 +191,10 @@ func (c *Client) QueryPayment(ctx context.Context, orderNo string) (providers.Tr
 		st.AmountFen = int64(q.Amount.Total)
 	}
 	switch q.TradeState {
-	case "NOTPAY", "USERPAYING":
+	case "NOTPAY", "USERPAYING", "PAYERROR":
+		// PAYERROR (the bank refused a payment) is not final: the trade
+		// can still be paid until it is closed, as WeChat's close-order
+		// guide says.
 		st.Status = providers.TradeWaiting
 	case "SUCCESS", "REFUND":
 		st.Status = providers.TradePaid
@@ -203,7 +206,7 @@ func (c *Client) QueryPayment(ctx context.Context, orderNo string) (providers.Tr
 			return providers.TradeState{}, c.malformed(opQueryPayment, "paid trade without a valid success_time")
 		}
 		st.PaidAt = paidAt
-	case "CLOSED", "REVOKED", "PAYERROR":
+	case "CLOSED", "REVOKED":
 		st.Status = providers.TradeClosed
 	default:
 		return providers.TradeState{}, c.malformed(opQueryPayment, fmt.Sprintf("unknown trade_state %q", truncateBytes(q.TradeState, 32)))

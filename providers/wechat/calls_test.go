@@ -166,6 +166,25 @@ func TestQueryAndClose(t *testing.T) {
 	wantErr(t, "close of a paid trade", err, providers.Rejected, "ORDERPAID")
 }
 
+// A trade whose payment failed at the bank (PAYERROR) can still be paid:
+// WeChat says to close it before giving up on it. It must not read as
+// closed, or the pre-close check closes the order without closing the
+// trade and the buyer can still pay it.
+func TestAPaymentErrorIsNotAClosedTrade(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ctx := t.Context()
+	if _, err := b.client.CreatePayment(ctx, payment(t, "PAYERR0001", 100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.emu.SetTradeState("PAYERR0001", "PAYERROR"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.client.QueryPayment(ctx, "PAYERR0001"); err != nil || st.Status != providers.TradeWaiting {
+		t.Fatalf("payment error: %+v, %v (want %s)", st, err, providers.TradeWaiting)
+	}
+}
+
 // Each injected fault, on each call, comes out as the kind the ledger acts on.
 func TestFaultKinds(t *testing.T) {
 	t.Parallel()

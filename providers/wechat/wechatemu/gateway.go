@@ -454,6 +454,20 @@ func (s *Server) refundBody(rf *refund) map[string]any {
 	return b
 }
 
+// SetTradeState puts an unpaid trade in state (NOTPAY, USERPAYING,
+// PAYERROR), for tests of the states a buyer's payment passes through: the
+// trade can still be paid, and closed, from any of them.
+func (s *Server) SetTradeState(outTradeNo, state string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.trades[outTradeNo]
+	if !ok || t.txID != "" || t.state == stateClosed {
+		return fmt.Errorf("wechatemu: no unpaid open trade %s", outTradeNo)
+	}
+	t.state = state
+	return nil
+}
+
 // SetRefundStatus moves a refund to status (SUCCESS, PROCESSING, ABNORMAL,
 // CLOSED), for tests of refunds that fail at the bank or take days. A
 // refund set to PROCESSING stays so at every query; one that no longer
