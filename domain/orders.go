@@ -526,6 +526,34 @@ func (l *Ledger) replayed(in PlaceOrderInput, o Order) (*PlacedOrder, error) {
 	return &PlacedOrder{Order: &o, AccessToken: l.sealer.AccessToken(o.OrderNo), Replayed: true}, nil
 }
 
+// holderCaps are the caps on one holder (a contact, an address): the
+// unpaid orders it may hold and the cards they may lock; 0 is no cap. The
+// ledger applies them to what a holder has in the database
+// (checkPendingCaps), the shop to what it has in flight (Shop.admit).
+type holderCaps struct {
+	maxOrders int
+	maxLocked int
+}
+
+func (l *Ledger) contactCaps() holderCaps {
+	return holderCaps{maxOrders: l.cfg.MaxPendingPerContact, maxLocked: l.cfg.MaxLockedPerContact}
+}
+
+func (l *Ledger) addressCaps() holderCaps {
+	return holderCaps{maxOrders: l.cfg.MaxPendingPerAddress, maxLocked: l.cfg.MaxLockedPerAddress}
+}
+
+// off: no cap at all.
+func (c holderCaps) off() bool { return c.maxOrders <= 0 && c.maxLocked <= 0 }
+
+// ordersFull: a holder with held orders may take no other.
+func (c holderCaps) ordersFull(held int) bool { return c.maxOrders > 0 && held >= c.maxOrders }
+
+// cardsOver: a holder whose orders lock locked cards may not lock qty more.
+func (c holderCaps) cardsOver(locked, qty int) bool {
+	return c.maxLocked > 0 && locked+qty > c.maxLocked
+}
+
 // checkPendingCaps refuses a buyer who already holds too much in unpaid
 // orders: too many orders, or too many cards locked by them, per contact
 // and per client address. It counts the orders placed before the batch and
@@ -535,19 +563,18 @@ func (l *Ledger) replayed(in PlaceOrderInput, o Order) (*PlacedOrder, error) {
 func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrderInput, open func(func(int, PlaceOrderInput) bool), errs []error) error {
 	type capRule struct {
 		column, what string
-		maxOrders    int // PENDING orders; 0: no cap
-		maxLocked    int // cards locked by PENDING orders; 0: no cap
+		holderCaps
 		of           func(PlaceOrderInput) string
 		held, locked map[string]int
 	}
 	rules := []*capRule{
-		{column: "contact", what: "contact", maxOrders: l.cfg.MaxPendingPerContact, maxLocked: l.cfg.MaxLockedPerContact,
+		{column: "contact", what: "contact", holderCaps: l.contactCaps(),
 			of: func(in PlaceOrderInput) string { return in.Contact }},
-		{column: "client_addr", what: "address", maxOrders: l.cfg.MaxPendingPerAddress, maxLocked: l.cfg.MaxLockedPerAddress,
+		{column: "client_addr", what: "address", holderCaps: l.addressCaps(),
 			of: func(in PlaceOrderInput) string { return in.ClientAddr }},
 	}
 	for _, r := range rules {
-		if r.maxOrders <= 0 && r.maxLocked <= 0 {
+		if r.off() {
 			continue
 		}
 		var values []string
@@ -580,11 +607,11 @@ func (l *Ledger) checkPendingCaps(ctx context.Context, tx bun.Tx, ins []PlaceOrd
 			if r.held == nil || v == "" {
 				continue
 			}
-			if r.maxOrders > 0 && r.held[v] >= r.maxOrders {
+			if r.ordersFull(r.held[v]) {
 				errs[i] = Errorf(ELIMIT, "this %s already has %d unpaid orders; pay or cancel one first", r.what, r.held[v])
 				break
 			}
-			if r.maxLocked > 0 && r.locked[v]+in.Quantity > r.maxLocked {
+			if r.cardsOver(r.locked[v], in.Quantity) {
 				errs[i] = Errorf(ELIMIT, "one %s may hold at most %d cards in unpaid orders and this one holds %d; pay or cancel an order first, or order fewer",
 					r.what, r.maxLocked, r.locked[v])
 				break

@@ -109,8 +109,8 @@ type inFlight struct {
 // other races are. release gives the place back once the ledger has
 // answered; LIMIT_EXCEEDED when the address has no place left.
 func (s *Shop) admit(in PlaceOrderInput) (release func(), err error) {
-	maxOrders, maxCards := s.Ledger.cfg.MaxPendingPerAddress, s.Ledger.cfg.MaxLockedPerAddress
-	if in.ClientAddr == "" || maxOrders <= 0 && maxCards <= 0 {
+	caps := s.Ledger.addressCaps()
+	if in.ClientAddr == "" || caps.off() {
 		return func() {}, nil
 	}
 	f := &s.inFlight
@@ -122,7 +122,7 @@ func (s *Shop) admit(in PlaceOrderInput) (release func(), err error) {
 	key := in.ClientAddr
 	// The first order in flight always goes on: the ledger's answer to it
 	// says what the caps allow.
-	if f.orders[key] > 0 && (maxOrders > 0 && f.orders[key] >= maxOrders || maxCards > 0 && f.cards[key]+in.Quantity > maxCards) {
+	if f.orders[key] > 0 && (caps.ordersFull(f.orders[key]) || caps.cardsOver(f.cards[key], in.Quantity)) {
 		return nil, Errorf(ELIMIT, "this address has %d orders (%d cards) being placed; its caps allow no more at once: wait for their answers",
 			f.orders[key], f.cards[key])
 	}
