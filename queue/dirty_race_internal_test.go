@@ -46,6 +46,9 @@ func TestDirtyMarkDuringDropIsKept(t *testing.T) {
 	if _, err := g.ResetDirty(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if !fired {
+		t.Fatal("the dirty counter was never deleted: the race this test stages did not happen")
+	}
 	n, _, _ := g.Counter(ctx, 7)
 	if n < db && !g.isDirty(7) {
 		t.Fatalf("counter %d below the database's %d and not marked for a rebuild (the mark of the failed give-back was erased)", n, db)
