@@ -529,7 +529,7 @@ func (l *Ledger) replayed(in PlaceOrderInput, o Order) (*PlacedOrder, error) {
 // holderCaps are the caps on one holder (a contact, an address): the
 // unpaid orders it may hold and the cards they may lock; 0 is no cap. The
 // ledger applies them to what a holder has in the database
-// (checkPendingCaps), the shop to what it has in flight (Shop.admit).
+// (checkPendingCaps), the shop to what it has in flight (inFlight.enter).
 type holderCaps struct {
 	maxOrders int
 	maxLocked int

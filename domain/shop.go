@@ -88,7 +88,7 @@ type Shop struct {
 
 	products sync.Map // product ids known to exist (see productExists)
 	breakers sync.Map // provider name → *breaker (see preClose)
-	inFlight inFlight // orders admitted by the gate, not yet answered (see admit)
+	inFlight inFlight // orders admitted by the gate, not yet answered (see inFlight.enter)
 }
 
 // inFlight counts, per client address (AddressKey), the orders the stock
@@ -99,45 +99,42 @@ type inFlight struct {
 	cards  map[string]int
 }
 
-// admit takes in's place among its address's orders in flight, which the
-// per-address caps bound as they bound its unpaid orders: the gate admits
-// an order before the ledger counts the caps, so without this bound an
-// address at its cap could hold any number of admissions at once (each
-// refused only when the ledger answers) and leave everyone else SOLD_OUT
-// with cards free. An address thus holds at most one cap's worth of
-// admissions (or one order's) beyond its orders; per process, as the caps'
-// other races are. release gives the place back once the ledger has
-// answered; LIMIT_EXCEEDED when the address has no place left.
-func (s *Shop) admit(in PlaceOrderInput) (release func(), err error) {
-	caps := s.Ledger.addressCaps()
-	if in.ClientAddr == "" || caps.off() {
-		return func() {}, nil
-	}
-	f := &s.inFlight
+// enter takes a place among the orders in flight of the address key, for
+// an order of qty cards, which the per-address caps bound as they bound
+// its unpaid orders: the gate admits an order before the ledger counts
+// the caps, so without this bound an address at its cap could hold any
+// number of admissions at once (each refused only when the ledger
+// answers) and leave everyone else SOLD_OUT with cards free. An address
+// thus holds at most one cap's worth of admissions (or one order's)
+// beyond its orders; per process, as the caps' other races are.
+// LIMIT_EXCEEDED when the address has no place left; leave gives the
+// place back once the ledger has answered.
+func (f *inFlight) enter(key string, qty int, caps holderCaps) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.orders == nil {
 		f.orders, f.cards = map[string]int{}, map[string]int{}
 	}
-	key := in.ClientAddr
 	// The first order in flight always goes on: the ledger's answer to it
 	// says what the caps allow.
-	if f.orders[key] > 0 && (caps.ordersFull(f.orders[key]) || caps.cardsOver(f.cards[key], in.Quantity)) {
-		return nil, Errorf(ELIMIT, "this address has %d orders (%d cards) being placed; its caps allow no more at once: wait for their answers",
+	if f.orders[key] > 0 && (caps.ordersFull(f.orders[key]) || caps.cardsOver(f.cards[key], qty)) {
+		return Errorf(ELIMIT, "this address has %d orders (%d cards) being placed; its caps allow no more at once: wait for their answers",
 			f.orders[key], f.cards[key])
 	}
 	f.orders[key]++
-	f.cards[key] += in.Quantity
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if f.orders[key]--; f.orders[key] <= 0 {
-			delete(f.orders, key)
-			delete(f.cards, key)
-			return
-		}
-		f.cards[key] -= in.Quantity
-	}, nil
+	f.cards[key] += qty
+	return nil
+}
+
+func (f *inFlight) leave(key string, qty int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.orders[key]--; f.orders[key] <= 0 {
+		delete(f.orders, key)
+		delete(f.cards, key)
+		return
+	}
+	f.cards[key] -= qty
 }
 
 func (s *Shop) log() *slog.Logger {
@@ -232,15 +229,18 @@ func (s *Shop) placeOrder(ctx context.Context, in PlaceOrderInput, method, clien
 }
 
 // admitAndPlace places in as one of its address's orders in flight (see
-// admit), whose place it gives back however the placing ends, a panic
-// included: a place kept would refuse that address for the life of the
-// process.
+// inFlight.enter), whose place it gives back however the placing ends, a
+// panic included: a place kept would refuse that address for the life of
+// the process.
 func (s *Shop) admitAndPlace(ctx context.Context, in PlaceOrderInput) (*PlacedOrder, error) {
-	release, err := s.admit(in)
-	if err != nil {
+	caps := s.Ledger.addressCaps()
+	if in.ClientAddr == "" || caps.off() {
+		return s.gateAndPlace(ctx, in)
+	}
+	if err := s.inFlight.enter(in.ClientAddr, in.Quantity, caps); err != nil {
 		return nil, err
 	}
-	defer release()
+	defer s.inFlight.leave(in.ClientAddr, in.Quantity)
 	return s.gateAndPlace(ctx, in)
 }
 
